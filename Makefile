@@ -1,0 +1,55 @@
+# Two commands matter: `make demo` (the main job) and `make test` (the whole
+# suite on TF 1.15 *and* TF 2.15). Each creates the virtual environment it needs.
+SHELL := /bin/bash
+
+# TF 1.15 needs Python 3.7; TF 2.15 runs on Python 3.11. Found on PATH or in pyenv.
+PYTHON37 ?= $(shell command -v python3.7 2>/dev/null || ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.7.*/bin/python 2>/dev/null | tail -n 1)
+PYTHON311 ?= $(shell command -v python3.11 2>/dev/null || ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.11.*/bin/python 2>/dev/null | tail -n 1)
+
+VENV_TF1 := .venv/tf1
+VENV_TF2 := .venv/tf2
+PYTEST_ARGS ?= -q -p no:cacheprovider
+
+.PHONY: demo test test-tf1 test-tf2 bench venv-tf1 venv-tf2 clean
+
+demo: $(VENV_TF1)/.installed
+	$(VENV_TF1)/bin/python examples/digits_demo.py $(DEMO_ARGS)
+
+# Runs both suites even when the first fails, then fails if either failed.
+test: $(VENV_TF1)/.installed $(VENV_TF2)/.installed
+	@rc=0; \
+	echo "=== TF 1.15 (Python 3.7) ==="; \
+	$(VENV_TF1)/bin/python -m pytest tests $(PYTEST_ARGS) || rc=1; \
+	echo "=== TF 2.15 (Python 3.11) ==="; \
+	$(VENV_TF2)/bin/python -m pytest tests $(PYTEST_ARGS) || rc=1; \
+	if [ $$rc -ne 0 ]; then echo "FAILED: at least one TensorFlow suite failed"; fi; \
+	exit $$rc
+
+test-tf1: $(VENV_TF1)/.installed
+	$(VENV_TF1)/bin/python -m pytest tests $(PYTEST_ARGS)
+
+test-tf2: $(VENV_TF2)/.installed
+	$(VENV_TF2)/bin/python -m pytest tests $(PYTEST_ARGS)
+
+bench: $(VENV_TF1)/.installed
+	$(VENV_TF1)/bin/python benchmarks/run_all.py $(BENCH_ARGS)
+
+venv-tf1: $(VENV_TF1)/.installed
+venv-tf2: $(VENV_TF2)/.installed
+
+$(VENV_TF1)/.installed: setup.py
+	@test -n "$(PYTHON37)" || { echo "Python 3.7 not found: install it (e.g. 'pyenv install 3.7') or pass PYTHON37=/path/to/python3.7"; exit 1; }
+	$(PYTHON37) -m venv $(VENV_TF1)
+	$(VENV_TF1)/bin/python -m pip install -q --upgrade 'pip<24.1' 'setuptools<68' wheel
+	$(VENV_TF1)/bin/python -m pip install -q -e '.[tf,test,demo,bench]'
+	touch $@
+
+$(VENV_TF2)/.installed: setup.py
+	@test -n "$(PYTHON311)" || { echo "Python 3.11 not found: install it (e.g. 'pyenv install 3.11') or pass PYTHON311=/path/to/python3.11"; exit 1; }
+	$(PYTHON311) -m venv $(VENV_TF2)
+	$(VENV_TF2)/bin/python -m pip install -q --upgrade pip setuptools wheel
+	$(VENV_TF2)/bin/python -m pip install -q -e '.[tf2,test,demo]'
+	touch $@
+
+clean:
+	rm -rf .venv build dist *.egg-info

@@ -1,0 +1,22 @@
+"""Errors raised by `replicate`, under one common base class.
+
+Each error also derives from the built-in exception users already catch
+(`ValueError`, `TypeError`, `RuntimeError`), so code written against
+`tf.contrib` keeps working unchanged.
+"""
+
+
+class Error(Exception):
+  """Base class of every error raised by `replicate`."""
+
+
+class InvalidArgumentError(Error, ValueError):
+  """An argument, or a model_fn's output, has a value `replicate` cannot use."""
+
+
+class InvalidTypeError(Error, TypeError):
+  """An argument has a type `replicate` cannot use."""
+
+
+class ContextError(Error, RuntimeError):
+  """A method was called in a context (replica, cross-replica, scope) where it is not allowed."""
