@@ -1,0 +1,410 @@
+"""Estimator training throughput: `replicate` side by side with its peers.
+
+Runs, each in a process of its own, Estimator training of two models on four
+virtual CPU devices (global batch 256, TF 1.15):
+
+  single             the unreplicated model_fn (placed on /device:CPU:0)
+  replicate          replicate.replicate_model_fn + replicate.TowerOptimizer
+  contrib            tf.contrib.estimator.replicate_model_fn + TowerOptimizer
+  tf_mirrored        tf.distribute.MirroredStrategy via RunConfig(train_distribute)
+  replicate_mirrored replicate.MirroredStrategy via RunConfig(train_distribute)
+
+Models (synthetic in-memory data, `Dataset.from_tensors(...).repeat()`):
+  wide  784-2048-2048-10 ReLU MLP, 10 classes (6 variables, 5.83 M parameters)
+  deep  100 dense layers of 64 units (tanh), 64 classes (200 variables)
+
+What is measured (identically for every configuration):
+  examples/s      global batch / median wall time of one `session.run` step,
+                  over `--steps` steps after `--warmup` steps (taken between
+                  consecutive `after_run` calls of a SessionRunHook, so hooks
+                  and Python overhead of MonitoredSession are included, graph
+                  construction and session creation are not). The mean over the
+                  window is reported too.
+  graph build     seconds from the `Estimator.train()` call to the hook's
+                  `begin()`, i.e. input_fn + model_fn (all towers, gradients,
+                  train_op) + the Estimator's own graph bookkeeping; session
+                  creation and variable initialization are excluded.
+
+Usage:
+  python benchmarks/estimator_bench.py [--quick] [--models wide,deep]
+      [--configs single,replicate,...] [--rounds N] [--json out.json]
+  python benchmarks/estimator_bench.py --child --model wide --config contrib
+      (one configuration in this process; prints `RESULT {json}`)
+"""
+from __future__ import absolute_import
+from __future__ import division
+from __future__ import print_function
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import bench_util
+
+GLOBAL_BATCH = 256
+CONFIGS = ('single', 'replicate', 'contrib', 'tf_mirrored',
+           'replicate_mirrored')
+MODELS = ('wide', 'deep')
+CONFIG_LABELS = {
+    'single': 'single device',
+    'replicate': 'replicate.replicate_model_fn',
+    'contrib': 'tf.contrib.estimator.replicate_model_fn',
+    'tf_mirrored': 'tf.distribute.MirroredStrategy',
+    'replicate_mirrored': 'replicate.MirroredStrategy',
+}
+# (warmup, timed steps) per model.
+FULL_STEPS = {'wide': (8, 30), 'deep': (10, 60)}
+QUICK_STEPS = {'wide': (2, 5), 'deep': (3, 8)}
+
+
+class NotApplicable(Exception):
+  """The configuration cannot run in this tree (reported as n/a)."""
+
+
+# ----------------------------------------------------------------------------
+# Child: one configuration in this process.
+# ----------------------------------------------------------------------------
+
+
+def _model_spec(model):
+  """(input width, number of classes) of a model."""
+  return {'wide': (784, 10), 'deep': (64, 64)}[model]
+
+
+def _logits(tf, model, features):
+  tf1 = tf.compat.v1
+  h = features
+  if model == 'wide':
+    for i, units in enumerate((2048, 2048)):
+      h = tf1.layers.dense(h, units, activation=tf.nn.relu,
+                           name='dense_{}'.format(i))
+    return tf1.layers.dense(h, 10, name='logits')
+  for i in range(100):
+    h = tf1.layers.dense(h, 64, activation=tf.nn.tanh if i < 99 else None,
+                         name='dense_{}'.format(i))
+  return h
+
+
+def _make_model_fn(tf, model, wrap_optimizer, timings):
+  tf1 = tf.compat.v1
+
+  def model_fn(features, labels, mode):
+    logits = _logits(tf, model, features)
+    loss = tf1.losses.sparse_softmax_cross_entropy(labels, logits)
+    optimizer = wrap_optimizer(tf1.train.GradientDescentOptimizer(0.01))
+    train_op = optimizer.minimize(loss,
+                                  global_step=tf1.train.get_global_step())
+    return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+  def timed(model_fn_to_time):
+    def fn(features, labels, mode):
+      start = time.perf_counter()
+      try:
+        return model_fn_to_time(features, labels, mode)
+      finally:
+        timings['model_fn_s'] = (timings.get('model_fn_s', 0.0) +
+                                 time.perf_counter() - start)
+    return fn
+
+  return model_fn, timed
+
+
+def _make_input_fn(tf, model):
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  width, classes = _model_spec(model)
+  rng = np.random.RandomState(0)
+  x = rng.standard_normal((GLOBAL_BATCH, width)).astype(np.float32)
+  y = rng.randint(0, classes, size=(GLOBAL_BATCH,)).astype(np.int32)
+
+  def input_fn(input_context=None):
+    # Under a distribution strategy the Estimator calls input_fn with an
+    # InputContext and every replica takes whole elements of the dataset, so
+    # the batch there is the per-replica batch (TF 1.15 semantics).
+    batch = GLOBAL_BATCH
+    if input_context is not None:
+      batch = input_context.get_per_replica_batch_size(GLOBAL_BATCH)
+    return tf.data.Dataset.from_tensors((x[:batch], y[:batch])).repeat()
+
+  return input_fn
+
+
+def _make_hook(tf, trace_steps):
+  tf1 = tf.compat.v1
+
+  class TimingHook(tf1.train.SessionRunHook):
+    """Records wall times of begin, session creation and every step."""
+
+    def __init__(self):
+      self.begin_time = None
+      self.session_time = None
+      self.step_end = []
+      self.metadata = []
+      self._trace_steps = set(trace_steps)
+
+    def begin(self):
+      self.begin_time = time.perf_counter()
+
+    def after_create_session(self, session, coord):
+      del session, coord
+      self.session_time = time.perf_counter()
+
+    def before_run(self, run_context):
+      if len(self.step_end) in self._trace_steps:
+        return tf1.train.SessionRunArgs(
+            fetches=None,
+            options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE))
+      return None
+
+    def after_run(self, run_context, run_values):
+      self.step_end.append(time.perf_counter())
+      if run_values.run_metadata is not None and (
+          run_values.run_metadata.step_stats.dev_stats):
+        md = tf1.RunMetadata()
+        md.CopyFrom(run_values.run_metadata)
+        self.metadata.append(md)
+
+  return TimingHook()
+
+
+def _wrapper_and_fn(tf, config, model, timings):
+  """(optimizer wrapper, model_fn for the Estimator, train_distribute)."""
+  devices = list(bench_util.DEVICES)
+  identity = lambda opt: opt
+  if config == 'single':
+    model_fn, timed = _make_model_fn(tf, model, identity, timings)
+    return timed(model_fn), None
+  if config == 'contrib':
+    contrib_est = tf.contrib.estimator
+    model_fn, timed = _make_model_fn(tf, model, contrib_est.TowerOptimizer,
+                                     timings)
+    return timed(contrib_est.replicate_model_fn(model_fn,
+                                                devices=devices)), None
+  if config == 'tf_mirrored':
+    model_fn, timed = _make_model_fn(tf, model, identity, timings)
+    return timed(model_fn), tf.distribute.MirroredStrategy(devices=devices)
+  import replicate  # pylint: disable=g-import-not-at-top
+  if config == 'replicate':
+    if not hasattr(replicate, 'replicate_model_fn'):
+      raise NotApplicable('replicate.replicate_model_fn is not in this tree')
+    model_fn, timed = _make_model_fn(tf, model, replicate.TowerOptimizer,
+                                     timings)
+    return timed(replicate.replicate_model_fn(model_fn,
+                                              devices=devices)), None
+  if config == 'replicate_mirrored':
+    if not hasattr(replicate, 'MirroredStrategy'):
+      raise NotApplicable('replicate.MirroredStrategy is not in this tree')
+    if not isinstance(replicate.MirroredStrategy,
+                      type) or not issubclass(
+                          replicate.MirroredStrategy,
+                          tf.distribute.Strategy):
+      raise NotApplicable(
+          'replicate.MirroredStrategy is not a tf.distribute.Strategy, and '
+          'TF 1.15\'s Estimator only accepts those as train_distribute')
+    model_fn, timed = _make_model_fn(tf, model, replicate.TowerOptimizer,
+                                     timings)
+    return timed(model_fn), replicate.MirroredStrategy(devices=devices)
+  raise ValueError('unknown config {!r}'.format(config))
+
+
+def _summarize_trace(metadata_list):
+  """Aggregates step stats of traced steps: per device and op type."""
+  per_dev = {}
+  walls = []
+  for md in metadata_list:
+    lo, hi = None, None
+    for dev in md.step_stats.dev_stats:
+      name = dev.device.split('/')[-1]
+      if name.lower().startswith('device:'):
+        name = name[len('device:'):]
+      d = per_dev.setdefault(name, {})
+      for ns in dev.node_stats:
+        start = ns.all_start_micros
+        end = start + ns.all_end_rel_micros
+        lo = start if lo is None else min(lo, start)
+        hi = end if hi is None else max(hi, end)
+        op = ns.timeline_label.split(' = ')[-1].split('(')[0] if (
+            ns.timeline_label) else ns.node_name
+        op = op.strip() or ns.node_name
+        e = d.setdefault(op, [0, 0])
+        e[0] += 1
+        e[1] += ns.all_end_rel_micros
+    if lo is not None:
+      walls.append(hi - lo)
+  n = max(1, len(metadata_list))
+  out = {}
+  for dev, ops in per_dev.items():
+    out[dev] = {op: {'count': c / n, 'us': us / n}
+                for op, (c, us) in sorted(ops.items(), key=lambda kv: -kv[1][1])}
+  return {'steps': len(metadata_list), 'wall_us': walls, 'ops': out}
+
+
+def run_one(model, config, warmup, steps, trace_dir=None, trace_steps=2):
+  """Trains one configuration in this process and returns its result dict."""
+  result = {'model': model, 'config': config, 'warmup': warmup,
+            'steps': steps, 'global_batch': GLOBAL_BATCH}
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf1 = tf.compat.v1
+  tf1.logging.set_verbosity(tf1.logging.ERROR)
+  result['tf_version'] = tf.__version__
+  timings = {}
+  try:
+    model_fn, distribute = _wrapper_and_fn(tf, config, model, timings)
+  except NotApplicable as e:
+    result.update(status='n/a', reason=str(e))
+    return result
+  model_dir = tempfile.mkdtemp(prefix='bench_est_')
+  try:
+    run_config = tf1.estimator.RunConfig(
+        model_dir=model_dir,
+        session_config=tf1.ConfigProto(
+            device_count={'CPU': bench_util.NUM_DEVICES}),
+        train_distribute=distribute,
+        save_summary_steps=None, save_checkpoints_steps=None,
+        save_checkpoints_secs=None, log_step_count_steps=None)
+    estimator = tf1.estimator.Estimator(model_fn, config=run_config)
+    total = warmup + steps
+    trace = list(range(total, total + trace_steps)) if trace_dir else []
+    hook = _make_hook(tf, trace)
+    input_fn = _make_input_fn(tf, model)
+    start = time.perf_counter()
+    estimator.train(input_fn, steps=total + len(trace), hooks=[hook])
+    end = time.perf_counter()
+  finally:
+    shutil.rmtree(model_dir, ignore_errors=True)
+  ends = hook.step_end
+  # ends[i] is the end of step i (0-based), so step i (i >= 1) took
+  # ends[i] - ends[i - 1]. Timed: steps warmup .. total - 1; the traced steps
+  # (total ..) are never timed.
+  first = max(1, warmup)
+  step_s = [ends[i] - ends[i - 1] for i in range(first, total)]
+  window = ends[total - 1] - ends[first - 1]
+  med = bench_util.median(step_s)
+  result.update(
+      status='ok',
+      graph_build_s=hook.begin_time - start,
+      model_fn_s=timings.get('model_fn_s'),
+      session_s=hook.session_time - hook.begin_time,
+      first_step_s=ends[0] - hook.session_time,
+      train_call_s=end - start,
+      step_s_median=med,
+      step_s_min=min(step_s),
+      examples_per_s=GLOBAL_BATCH / med,
+      examples_per_s_mean=GLOBAL_BATCH * len(step_s) / window,
+      timed_steps=len(step_s))
+  if trace_dir and hook.metadata:
+    from tensorflow.python.client import timeline  # pylint: disable=g-import-not-at-top
+    if not os.path.isdir(trace_dir):
+      os.makedirs(trace_dir)
+    base = os.path.join(trace_dir, '{}_{}'.format(model, config))
+    with open(base + '.trace.json', 'w') as f:
+      f.write(timeline.Timeline(hook.metadata[-1].step_stats)
+              .generate_chrome_trace_format())
+    with open(base + '.ops.json', 'w') as f:
+      json.dump(_summarize_trace(hook.metadata), f, indent=1)
+    result['trace'] = base + '.trace.json'
+  return result
+
+
+# ----------------------------------------------------------------------------
+# Parent: every configuration in its own process, interleaved rounds.
+# ----------------------------------------------------------------------------
+
+
+def run_all(models, configs, quick, rounds, timeout_s=900, log=print):
+  """Runs every (model, config) `rounds` times, interleaved; returns a dict."""
+  table = FULL_STEPS if not quick else QUICK_STEPS
+  runs = []
+  for r in range(rounds):
+    for model in models:
+      for config in configs:
+        warmup, steps = table[model]
+        args = ['--child', '--model', model, '--config', config,
+                '--warmup', str(warmup), '--steps', str(steps)]
+        res = bench_util.run_child(os.path.abspath(__file__), args, timeout_s)
+        res.setdefault('model', model)
+        res.setdefault('config', config)
+        res['round'] = r
+        runs.append(res)
+        if res.get('status') == 'ok':
+          log('[estimator r{}] {:5s} {:19s} {:8.1f} ex/s  build {:6.2f}s  '
+              '({:.0f}s)'.format(r, model, config, res['examples_per_s'],
+                                 res['graph_build_s'], res['process_s']))
+        else:
+          log('[estimator r{}] {:5s} {:19s} {}: {}'.format(
+              r, model, config, res.get('status'),
+              res.get('reason', '')[-300:]))
+  return {'runs': runs, 'summary': summarize(runs, models, configs),
+          'quick': quick, 'rounds': rounds}
+
+
+def summarize(runs, models, configs):
+  """Median over rounds of each metric, per (model, config)."""
+  out = {}
+  for model in models:
+    for config in configs:
+      mine = [r for r in runs if r['model'] == model and r['config'] == config]
+      ok = [r for r in mine if r.get('status') == 'ok']
+      key = '{}/{}'.format(model, config)
+      if not ok:
+        reasons = [r.get('reason', '') for r in mine]
+        out[key] = {'status': mine[0].get('status', 'error') if mine else 'n/a',
+                    'reason': reasons[0] if reasons else 'not run'}
+        continue
+      agg = {'status': 'ok', 'rounds': len(ok)}
+      for metric in ('examples_per_s', 'examples_per_s_mean', 'graph_build_s',
+                     'model_fn_s', 'session_s', 'step_s_median'):
+        vals = [r[metric] for r in ok if r.get(metric) is not None]
+        if vals:
+          agg[metric] = bench_util.median(vals)
+          agg[metric + '_all'] = vals
+      out[key] = agg
+  return out
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--quick', action='store_true',
+                      help='few steps, one round: a smoke test')
+  parser.add_argument('--models', default=','.join(MODELS))
+  parser.add_argument('--configs', default=','.join(CONFIGS))
+  parser.add_argument('--rounds', type=int, default=None,
+                      help='interleaved repetitions (default 3, quick 1)')
+  parser.add_argument('--json', default=None, help='write results here')
+  parser.add_argument('--child', action='store_true')
+  parser.add_argument('--model', default='wide')
+  parser.add_argument('--config', default='single')
+  parser.add_argument('--warmup', type=int, default=None)
+  parser.add_argument('--steps', type=int, default=None)
+  parser.add_argument('--trace-dir', default=None,
+                      help='child: write Chrome traces + op summaries here')
+  args = parser.parse_args(argv)
+  if args.child:
+    warmup, steps = (QUICK_STEPS if args.quick else FULL_STEPS)[args.model]
+    warmup = warmup if args.warmup is None else args.warmup
+    steps = steps if args.steps is None else args.steps
+    try:
+      res = run_one(args.model, args.config, warmup, steps, args.trace_dir)
+    except Exception as e:  # pylint: disable=broad-except
+      import traceback  # pylint: disable=g-import-not-at-top
+      traceback.print_exc()
+      res = {'model': args.model, 'config': args.config, 'status': 'error',
+             'reason': '{}: {}'.format(type(e).__name__, e)}
+    bench_util.emit(res)
+    return 0
+  rounds = args.rounds or (1 if args.quick else 3)
+  models = [m for m in args.models.split(',') if m]
+  configs = [c for c in args.configs.split(',') if c]
+  results = run_all(models, configs, args.quick, rounds)
+  if args.json:
+    with open(args.json, 'w') as f:
+      json.dump(results, f, indent=1, sort_keys=True)
+  print(json.dumps(results['summary'], indent=1, sort_keys=True))
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
