@@ -210,26 +210,39 @@ def _wrapper_and_fn(tf, config, model, timings):
   raise ValueError('unknown config {!r}'.format(config))
 
 
+def _op_type(node_stats, host):
+  """Op type of one NodeExecStats entry of a step trace."""
+  label = node_stats.timeline_label
+  if not host and ' = ' in label:
+    return label.split(' = ', 1)[1].split('(', 1)[0].strip()
+  name = node_stats.node_name
+  return name.rsplit(':', 1)[-1] if ':' in name else name
+
+
 def _summarize_trace(metadata_list):
-  """Aggregates step stats of traced steps: per device and op type."""
+  """Aggregates step stats of traced steps per device and op type.
+
+  Entries of the `/host:CPU` tracer (the _Send/_Recv of cross-device edges
+  and the tf.data iterator) are kept apart from the kernels of the devices.
+
+  Returns:
+    {'steps': n, 'wall_us': [..], 'ops': {device: {op: {count, us}}}}, counts
+    and times averaged over the traced steps.
+  """
   per_dev = {}
   walls = []
   for md in metadata_list:
     lo, hi = None, None
     for dev in md.step_stats.dev_stats:
-      name = dev.device.split('/')[-1]
-      if name.lower().startswith('device:'):
-        name = name[len('device:'):]
+      host = '/host:' in dev.device
+      name = 'host' if host else dev.device.rsplit('device:', 1)[-1]
       d = per_dev.setdefault(name, {})
       for ns in dev.node_stats:
         start = ns.all_start_micros
         end = start + ns.all_end_rel_micros
         lo = start if lo is None else min(lo, start)
         hi = end if hi is None else max(hi, end)
-        op = ns.timeline_label.split(' = ')[-1].split('(')[0] if (
-            ns.timeline_label) else ns.node_name
-        op = op.strip() or ns.node_name
-        e = d.setdefault(op, [0, 0])
+        e = d.setdefault(_op_type(ns, host), [0, 0])
         e[0] += 1
         e[1] += ns.all_end_rel_micros
     if lo is not None:
@@ -237,8 +250,9 @@ def _summarize_trace(metadata_list):
   n = max(1, len(metadata_list))
   out = {}
   for dev, ops in per_dev.items():
-    out[dev] = {op: {'count': c / n, 'us': us / n}
-                for op, (c, us) in sorted(ops.items(), key=lambda kv: -kv[1][1])}
+    out[dev] = dict((op, {'count': c / n, 'us': us / n})
+                    for op, (c, us) in sorted(ops.items(),
+                                              key=lambda kv: -kv[1][1]))
   return {'steps': len(metadata_list), 'wall_us': walls, 'ops': out}
 
 
