@@ -15,6 +15,10 @@ ROOT = os.path.dirname(HERE)
 RESULTS_DIR = os.path.join(HERE, 'results')
 RESULT_PREFIX = 'RESULT '
 NUM_DEVICES = 4
+
+# The benchmarks measure the `replicate` of this tree, installed or not.
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
 DEVICES = ['/device:CPU:{}'.format(i) for i in range(NUM_DEVICES)]
 
 

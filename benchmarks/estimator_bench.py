@@ -142,6 +142,7 @@ def _make_hook(tf, trace_steps):
       self.begin_time = None
       self.session_time = None
       self.step_end = []
+      self.step_cpu = []
       self.metadata = []
       self._trace_steps = set(trace_steps)
 
@@ -161,6 +162,7 @@ def _make_hook(tf, trace_steps):
 
     def after_run(self, run_context, run_values):
       self.step_end.append(time.perf_counter())
+      self.step_cpu.append(time.process_time())
       if run_values.run_metadata is not None and (
           run_values.run_metadata.step_stats.dev_stats):
         md = tf1.RunMetadata()
@@ -168,6 +170,20 @@ def _make_hook(tf, trace_steps):
         self.metadata.append(md)
 
   return TimingHook()
+
+
+def _apply_aggregation_variant(variant):
+  """Patches replicate.gradient_aggregation for an A/B experiment.
+
+  Variants: `pack=<bytes>` sets the packing threshold (`pack=0`: one add_n
+  per variable, the behaviour before packing).
+  """
+  from replicate import gradient_aggregation  # pylint: disable=g-import-not-at-top
+  name, _, value = variant.partition('=')
+  if name == 'pack':
+    gradient_aggregation.PACK_MAX_BYTES = int(value)
+  else:
+    raise ValueError('unknown aggregation variant {!r}'.format(variant))
 
 
 def _wrapper_and_fn(tf, config, model, timings):
@@ -187,6 +203,10 @@ def _wrapper_and_fn(tf, config, model, timings):
     model_fn, timed = _make_model_fn(tf, model, identity, timings)
     return timed(model_fn), tf.distribute.MirroredStrategy(devices=devices)
   import replicate  # pylint: disable=g-import-not-at-top
+  if config.startswith('replicate@'):
+    # Experiment: replicate with a variant of its gradient aggregation.
+    _apply_aggregation_variant(config.split('@', 1)[1])
+    config = 'replicate'
   if config == 'replicate':
     if not hasattr(replicate, 'replicate_model_fn'):
       raise NotApplicable('replicate.replicate_model_fn is not in this tree')
@@ -296,6 +316,8 @@ def run_one(model, config, warmup, steps, trace_dir=None, trace_steps=2):
   first = max(1, warmup)
   step_s = [ends[i] - ends[i - 1] for i in range(first, total)]
   window = ends[total - 1] - ends[first - 1]
+  cpu = hook.step_cpu
+  cpu_per_step = (cpu[total - 1] - cpu[first - 1]) / len(step_s)
   med = bench_util.median(step_s)
   result.update(
       status='ok',
@@ -308,6 +330,7 @@ def run_one(model, config, warmup, steps, trace_dir=None, trace_steps=2):
       step_s_min=min(step_s),
       examples_per_s=GLOBAL_BATCH / med,
       examples_per_s_mean=GLOBAL_BATCH * len(step_s) / window,
+      cpu_s_per_step=cpu_per_step,
       timed_steps=len(step_s))
   if trace_dir and hook.metadata:
     from tensorflow.python.client import timeline  # pylint: disable=g-import-not-at-top
@@ -344,9 +367,11 @@ def run_all(models, configs, quick, rounds, timeout_s=900, log=print):
         res['round'] = r
         runs.append(res)
         if res.get('status') == 'ok':
-          log('[estimator r{}] {:5s} {:19s} {:8.1f} ex/s  build {:6.2f}s  '
-              '({:.0f}s)'.format(r, model, config, res['examples_per_s'],
-                                 res['graph_build_s'], res['process_s']))
+          log('[estimator r{}] {:5s} {:19s} {:8.1f} ex/s  cpu/step {:6.1f} ms  '
+              'build {:6.2f}s  ({:.0f}s)'.format(
+                  r, model, config, res['examples_per_s'],
+                  res['cpu_s_per_step'] * 1e3, res['graph_build_s'],
+                  res['process_s']))
         else:
           log('[estimator r{}] {:5s} {:19s} {}: {}'.format(
               r, model, config, res.get('status'),
@@ -370,7 +395,8 @@ def summarize(runs, models, configs):
         continue
       agg = {'status': 'ok', 'rounds': len(ok)}
       for metric in ('examples_per_s', 'examples_per_s_mean', 'graph_build_s',
-                     'model_fn_s', 'session_s', 'step_s_median'):
+                     'model_fn_s', 'session_s', 'step_s_median',
+                     'cpu_s_per_step'):
         vals = [r[metric] for r in ok if r.get(metric) is not None]
         if vals:
           agg[metric] = bench_util.median(vals)
