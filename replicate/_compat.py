@@ -56,3 +56,25 @@ def fn_args(fn):
   parameters = inspect.signature(fn).parameters
   return tuple(name for name, p in parameters.items()
                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+# --- distribute_lib / mirrored_strategy ---
+
+
+def variable_to_tensor(variable, dtype=None, name=None, as_ref=False):
+  """Converts a resource variable to a tensor, honouring `as_ref`.
+
+  The conversion function of `MirroredVariable` forwards to its local copy
+  through this; the public `tf.convert_to_tensor` has no `as_ref`.
+
+  Args:
+    variable: a resource variable.
+    dtype: the requested dtype, or None.
+    name: a name for the read, or None.
+    as_ref: whether a reference (the handle-backed variable) is asked for.
+
+  Returns:
+    A tensor.
+  """
+  return variable._dense_var_to_tensor(  # pylint: disable=protected-access
+      dtype=dtype, name=name, as_ref=as_ref)
