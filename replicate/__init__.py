@@ -9,3 +9,18 @@ from replicate.version import __version__
 # Errors and test helpers.
 from replicate import errors
 from replicate import testing
+
+# Cross-device reductions (tf.contrib.distribute names).
+from replicate import cross_tower_ops
+from replicate import values
+from replicate.reduce_util import ReduceOp
+from replicate.cross_tower_ops import AllReduceCrossTowerOps
+from replicate.cross_tower_ops import choose_the_best
+from replicate.cross_tower_ops import CollectiveAllReduce
+from replicate.cross_tower_ops import CollectiveKeys
+from replicate.cross_tower_ops import CrossTowerOps
+from replicate.cross_tower_ops import MultiWorkerAllReduce
+from replicate.cross_tower_ops import ReductionToOneDeviceCrossTowerOps
+from replicate.values import Mirrored
+from replicate.values import PerDevice
+from replicate.values import PerReplica

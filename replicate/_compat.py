@@ -58,6 +58,104 @@ def fn_args(fn):
                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
+# --- cross_tower_ops ---
+# The device scope of the default graph, NCCL and collective ops, and the
+# local device list (with GPU link topology). The private modules are imported
+# inside the functions: importing them is only needed when they are used.
+
+
+class _FakeNodeDef(object):
+  """Just enough of a NodeDef for device functions to inspect."""
+
+  def __init__(self):
+    self.op = ''
+    self.name = ''
+
+
+class _FakeOperation(object):
+  """Just enough of an Operation for a graph to apply its device scopes to."""
+
+  def __init__(self):
+    self.device = ''
+    self.type = ''
+    self.name = ''
+    self.node_def = _FakeNodeDef()
+
+  def _set_device(self, device):  # pylint: disable=invalid-name
+    self.device = device if isinstance(device, str) else device.to_string()
+
+  def _set_device_from_string(self, device_str):  # pylint: disable=invalid-name
+    self.device = device_str
+
+
+def current_device():
+  """The device an op created now in the default graph would be placed on.
+
+  Returns:
+    The device string of the innermost `tf.device` scopes, merged as the
+    graph would merge them (`''` outside any device scope). In eager mode,
+    the eager context's device name.
+  """
+  if tf.executing_eagerly():
+    from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+    return context.context().device_name or ''
+  op = _FakeOperation()
+  tf1.get_default_graph()._apply_device_functions(op)  # pylint: disable=protected-access
+  return op.device
+
+
+def nccl_all_sum(tensors):
+  """NCCL all-sum of `tensors` (one per GPU); one output on each input's device.
+
+  Args:
+    tensors: a list of tensors of one shape and dtype, each placed on its GPU.
+
+  Returns:
+    The list of summed tensors, one per input.
+  """
+  from tensorflow.python.ops import nccl_ops  # pylint: disable=g-import-not-at-top
+  return nccl_ops.all_sum(tensors)
+
+
+def collective_all_reduce(tensor, group_size, group_key, instance_key,
+                          merge_op, final_op):
+  """A collective all-reduce op (`CollectiveReduce`), same call on both TFs.
+
+  Args:
+    tensor: the local tensor.
+    group_size: how many devices (over all workers) take part.
+    group_key: integer naming the group of devices.
+    instance_key: integer naming this reduction; equal on every member.
+    merge_op: `'Add'` (and the other names TF accepts).
+    final_op: `'Id'` or `'Div'` (divide by `group_size`).
+
+  Returns:
+    The reduced tensor, on the device of the calling scope.
+  """
+  from tensorflow.python.ops import collective_ops  # pylint: disable=g-import-not-at-top
+  return collective_ops.all_reduce(tensor, group_size, group_key, instance_key,
+                                   merge_op, final_op)
+
+
+def local_device_attributes(session_config=None):
+  """Describes the local devices, as a session with `session_config` sees them.
+
+  Args:
+    session_config: optional `tf.compat.v1.ConfigProto`.
+
+  Returns:
+    A list of `(name, device_type, links)`, where `links` lists the indices
+    (bus ids of the GPUs' interconnect) of the GPUs a GPU is linked to (empty
+    for other devices).
+  """
+  from tensorflow.python.client import device_lib  # pylint: disable=g-import-not-at-top
+  result = []
+  for d in device_lib.list_local_devices(session_config):
+    links = []
+    if d.device_type == 'GPU' and d.HasField('locality'):
+      links = [link.device_id for link in d.locality.links.link]
+    result.append((d.name, d.device_type, links))
+  return result
 # --- distribute_lib / mirrored_strategy ---
 
 
