@@ -1,0 +1,141 @@
+"""Placement of tower ops and shared variables on local devices.
+
+Placement is kept apart from the algorithms: this module decides *where*
+ops go; the aggregation code only ever receives per-device lists.
+"""
+import enum
+
+from replicate import errors
+from replicate._compat import tf1
+
+# Ops that own state and belong on a parameter device, not on a tower device.
+_STATEFUL_OP_TYPES = frozenset([
+    'Variable',
+    'VariableV2',
+    'VarHandleOp',
+    'AutoReloadVariable',
+    'MutableHashTable',
+    'MutableHashTableV2',
+    'MutableHashTableOfTensors',
+    'MutableHashTableOfTensorsV2',
+    'MutableDenseHashTable',
+    'MutableDenseHashTableV2',
+])
+
+
+class VariablePlacement(enum.Enum):
+  """Where `replicate_model_fn` puts the variables shared by the towers.
+
+  Attributes:
+    CONSOLIDATION_DEVICE: every variable on one device: the GPU with a single
+      GPU, else `/device:CPU:0`. This is `tf.contrib`'s default.
+    ROUND_ROBIN: variables spread over the tower devices in creation order
+      (for experiments; gradients are then summed on each variable's device).
+  """
+  CONSOLIDATION_DEVICE = 'consolidation_device'
+  ROUND_ROBIN = 'round_robin'
+
+
+def canonical_device(device):
+  """Returns the canonical spelling of a device string.
+
+  Args:
+    device: a device string such as `/gpu:0`, `GPU:0` or `/device:CPU:1`.
+
+  Returns:
+    The canonical string, e.g. `/device:GPU:0`.
+
+  Raises:
+    InvalidTypeError: if `device` is not a string.
+    InvalidArgumentError: if `device` cannot be parsed or names no device type.
+  """
+  if not isinstance(device, str):
+    raise errors.InvalidTypeError(
+        'Devices must be strings such as "/device:GPU:0", got {!r} of type '
+        '{}.'.format(device, type(device).__name__))
+  spelled = device if device.startswith('/') else '/' + device
+  try:
+    spec = tf1.DeviceSpec.from_string(spelled)
+  except (ValueError, TypeError) as e:
+    raise errors.InvalidArgumentError(
+        'Cannot parse device {!r} ({}); use a device string such as '
+        '"/device:GPU:0" or "/cpu:0".'.format(device, e))
+  if spec.device_type is None:
+    raise errors.InvalidArgumentError(
+        'Device {!r} names no device type; use a device string such as '
+        '"/device:GPU:0" or "/cpu:0".'.format(device))
+  return spec.to_string()
+
+
+def consolidation_device(devices):
+  """The device that holds shared variables and aggregates tower results.
+
+  Args:
+    devices: canonical tower devices.
+
+  Returns:
+    The single GPU when there is exactly one device and it is a GPU (so the
+    whole model stays on it), else `/device:CPU:0`.
+  """
+  if len(devices) == 1 and tf1.DeviceSpec.from_string(
+      devices[0]).device_type == 'GPU':
+    return devices[0]
+  return '/device:CPU:0'
+
+
+class _RoundRobin(object):
+  """Hands out parameter devices in turn, one per stateful op."""
+
+  def __init__(self, ps_devices):
+    self._ps_devices = ps_devices
+    self._next = 0
+
+  def __call__(self, unused_op):
+    device = self._ps_devices[self._next]
+    self._next = (self._next + 1) % len(self._ps_devices)
+    return device
+
+
+def parameter_device_chooser(placement, devices):
+  """A function `op -> device` for stateful ops, shared by all towers.
+
+  Args:
+    placement: a `VariablePlacement`.
+    devices: canonical tower devices.
+
+  Returns:
+    A callable taking the op being placed and returning a device string.
+  """
+  if placement == VariablePlacement.ROUND_ROBIN:
+    return _RoundRobin(list(devices))
+  device = consolidation_device(devices)
+  return lambda unused_op: device
+
+
+def tower_device_setter(worker_device, choose_parameter_device):
+  """A device function: stateful ops go to a parameter device, others here.
+
+  A device the user set explicitly inside `model_fn` (e.g. `tf.device('/cpu:0')`
+  around an embedding lookup) is kept; only unset fields are filled in.
+
+  Args:
+    worker_device: the tower's device.
+    choose_parameter_device: from `parameter_device_chooser`.
+
+  Returns:
+    A function usable with `tf.device`.
+  """
+  worker_spec = tf1.DeviceSpec.from_string(worker_device)
+
+  def place(op):
+    current = tf1.DeviceSpec.from_string(op.device or '')
+    # Device functions see Operations, and NodeDefs when a graph is imported.
+    op_type = op.type if isinstance(op, tf1.Operation) else op.op
+    if op_type in _STATEFUL_OP_TYPES:
+      spec = tf1.DeviceSpec.from_string(choose_parameter_device(op))
+    else:
+      spec = tf1.DeviceSpec.from_string(worker_spec.to_string())
+    spec.merge_from(current)
+    return spec.to_string()
+
+  return place

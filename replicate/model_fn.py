@@ -1,0 +1,300 @@
+"""`replicate_model_fn`: run an Estimator `model_fn` on several local devices.
+
+The wrapped `model_fn` splits the global batch along dimension 0, builds one
+tower per device (variables shared, placed on a parameter device), and
+merges the towers' `EstimatorSpec`s:
+
+* TRAIN: the loss is the sum of the (scaled) tower losses; `TowerOptimizer`
+  applies the summed gradients once, in the last tower.
+* EVAL: summed loss; metric variables of every tower reduced into tower 0's.
+* PREDICT: predictions and export outputs concatenated in batch order.
+"""
+import copy
+
+import six
+
+from replicate import batch_split
+from replicate import device_setter
+from replicate import errors
+from replicate import tower_collections
+from replicate import tower_context
+from replicate import tower_specs
+from replicate._compat import EstimatorSpec
+from replicate._compat import ModeKeys
+from replicate._compat import fn_args
+from replicate._compat import local_gpu_devices
+from replicate._compat import tf1
+from replicate.device_setter import VariablePlacement
+
+_SUPPORTED_REDUCTIONS = (
+    tf1.losses.Reduction.SUM,
+    tf1.losses.Reduction.MEAN,
+    tf1.losses.Reduction.SUM_OVER_BATCH_SIZE,
+    tf1.losses.Reduction.SUM_BY_NONZERO_WEIGHTS,
+)
+
+
+def replicate_model_fn(model_fn,
+                       loss_reduction=tf1.losses.Reduction.SUM_BY_NONZERO_WEIGHTS,
+                       devices=None,
+                       variable_placement=VariablePlacement.CONSOLIDATION_DEVICE):
+  """Replicates `model_fn` over local devices: one tower per device.
+
+  Drop-in for `tf.contrib.estimator.replicate_model_fn`:
+
+      estimator = tf.estimator.Estimator(
+          model_fn=replicate.replicate_model_fn(my_model_fn),
+          config=tf.estimator.RunConfig(session_config=...))
+
+  `my_model_fn` must wrap its optimizers in `replicate.TowerOptimizer`. The
+  global batch is split along dimension 0 (it must be divisible by the number
+  of devices); each tower computes gradients on its shard; the gradients are
+  summed per variable and applied once, so training follows the unreplicated
+  model on the full batch. Tower 0 is built under no extra name scope, tower
+  `i` under `tower_<i>`, and variables are shared, so checkpoints carry the
+  names of the unreplicated model and are interchangeable with it.
+
+  Args:
+    model_fn: an Estimator `model_fn` taking `features`, `labels`, `mode` and
+      optionally `params` and `config`, returning an `EstimatorSpec`.
+    loss_reduction: how `model_fn` reduces its loss, a
+      `tf.compat.v1.losses.Reduction`. `SUM` adds the tower losses; `MEAN`,
+      `SUM_OVER_BATCH_SIZE` and `SUM_BY_NONZERO_WEIGHTS` average them.
+    devices: device strings, one tower each. `None`: every local GPU, or the
+      CPU if there is none. With one device the model is only placed there.
+    variable_placement: a `VariablePlacement`: all variables on the
+      consolidation device (the single GPU, else `/device:CPU:0`; the
+      default), or round-robin over `devices`.
+
+  Returns:
+    A `model_fn` with the signature `(features, labels, mode, params, config)`.
+
+  Raises:
+    InvalidTypeError: if `model_fn` is not callable or `devices` is not a list
+      of strings.
+    InvalidArgumentError: if `loss_reduction` is `NONE` or unknown, `devices`
+      is empty or repeats a device, or `variable_placement` is unknown.
+  """
+  if not callable(model_fn):
+    raise errors.InvalidTypeError(
+        'model_fn must be callable, got {!r} of type {}.'.format(
+            model_fn, type(model_fn).__name__))
+  if loss_reduction == tf1.losses.Reduction.NONE:
+    raise errors.InvalidArgumentError(
+        'loss_reduction NONE is not supported: every tower must return a '
+        'scalar loss to be summed or averaged. Use one of {}.'.format(
+            ', '.join(_SUPPORTED_REDUCTIONS)))
+  if loss_reduction not in _SUPPORTED_REDUCTIONS:
+    raise errors.InvalidArgumentError(
+        'Unknown loss_reduction {!r}; use one of {} '
+        '(tf.compat.v1.losses.Reduction).'.format(
+            loss_reduction, ', '.join(_SUPPORTED_REDUCTIONS)))
+  if not isinstance(variable_placement, VariablePlacement):
+    raise errors.InvalidArgumentError(
+        'variable_placement must be a replicate.VariablePlacement (one of {}), '
+        'got {!r}.'.format([p.name for p in VariablePlacement],
+                           variable_placement))
+  if devices is not None:
+    devices = _canonical_devices(devices)
+
+  def replicated_model_fn(features, labels, mode, params=None, config=None):
+    """The replicated model_fn handed to the Estimator."""
+    tower_devices = devices or _default_devices()
+    _check_devices_exist(tower_devices, config)
+    return _replicate(model_fn, features, labels, mode, params, config,
+                      tower_devices, loss_reduction, variable_placement)
+
+  return replicated_model_fn
+
+
+def _canonical_devices(devices):
+  if isinstance(devices, six.string_types) or not isinstance(
+      devices, (list, tuple)):
+    raise errors.InvalidTypeError(
+        'devices must be a list of device strings such as ["/device:GPU:0", '
+        '"/device:GPU:1"], got {!r}.'.format(devices))
+  if not devices:
+    raise errors.InvalidArgumentError(
+        'devices is empty; pass at least one device, or devices=None to use '
+        'every local GPU (or the CPU).')
+  canonical = [device_setter.canonical_device(d) for d in devices]
+  for i, device in enumerate(canonical):
+    if device in canonical[:i]:
+      raise errors.InvalidArgumentError(
+          'Device {!r} is listed twice in devices {}; list each device once '
+          '(one tower per device).'.format(devices[i], list(devices)))
+  return canonical
+
+
+def _default_devices():
+  return local_gpu_devices() or ['/device:CPU:0']
+
+
+def _check_devices_exist(devices, config):
+  """Fails loudly where soft placement would silently use another device."""
+  if not isinstance(config, tf1.estimator.RunConfig):
+    return
+  session_config = config.session_config
+  device_count = dict(session_config.device_count) if session_config else {}
+  available = {
+      'CPU': device_count.get('CPU', 1),
+      'GPU': min(device_count.get('GPU', len(local_gpu_devices())),
+                 len(local_gpu_devices())),
+  }
+  for device in devices:
+    spec = tf1.DeviceSpec.from_string(device)
+    if spec.job is not None or spec.device_type not in available:
+      continue
+    index = spec.device_index or 0
+    if index >= available[spec.device_type]:
+      raise errors.InvalidArgumentError(
+          'Device {} does not exist: the session has {} {} device(s), so it '
+          'would silently run on another device. For virtual CPUs pass '
+          'RunConfig(session_config=tf.compat.v1.ConfigProto('
+          'device_count={{"CPU": {}}})), or list fewer devices.'.format(
+              device, available[spec.device_type], spec.device_type,
+              index + 1))
+
+
+def _replicate(model_fn, features, labels, mode, params, config, devices,
+               loss_reduction, variable_placement):
+  """Builds the towers and merges their specs."""
+  if mode not in (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT):
+    raise errors.InvalidArgumentError(
+        'Unknown mode {!r}; expected one of tf.estimator.ModeKeys.TRAIN, EVAL '
+        'or PREDICT.'.format(mode))
+  graph = tf1.get_default_graph()
+  num_towers = len(devices)
+  replication = tower_context._Replication(graph, num_towers, loss_reduction)  # pylint: disable=protected-access
+  choose_parameter_device = device_setter.parameter_device_chooser(
+      variable_placement, devices)
+  aggregation_device = device_setter.consolidation_device(devices)
+
+  with tower_context.replication_scope(replication):
+    if num_towers == 1:
+      # One device: no splitting, scaling or aggregation; only placement.
+      tower = tower_context.TowerContext(0, 1, devices[0])
+      with tower_context.tower_scope(replication, tower), tf1.device(
+          device_setter.tower_device_setter(devices[0],
+                                            choose_parameter_device)):
+        return _call_model_fn(model_fn, features, labels, mode, params, config)
+
+    feature_shards, label_shards = batch_split.split_batch(
+        features, labels, num_towers, aggregation_device)
+    collections = tower_collections.TowerCollections(
+        graph, num_towers,
+        share_regularization=loss_reduction != tf1.losses.Reduction.SUM)
+    specs = []
+    metric_variables = []
+    try:
+      for tower_id, device in enumerate(devices):
+        tower = tower_context.TowerContext(tower_id, num_towers, device)
+        trainable_before = _ids(tf1.trainable_variables())
+        metrics_before = _ids(graph.get_collection(
+            tf1.GraphKeys.METRIC_VARIABLES))
+        with _tower_scopes(replication, tower_id), tower_context.tower_scope(
+            replication, tower), collections.tower(tower_id), tf1.device(
+                device_setter.tower_device_setter(device,
+                                                  choose_parameter_device)):
+          spec = _call_model_fn(model_fn, feature_shards[tower_id],
+                                label_shards[tower_id], mode, params, config)
+          _check_tower(spec, tower, replication, trainable_before)
+          spec = spec._replace(loss=replication.scale_loss(spec.loss))
+        specs.append(spec)
+        metric_variables.append([
+            v for v in graph.get_collection(tf1.GraphKeys.METRIC_VARIABLES)
+            if id(v) not in metrics_before
+        ])
+      replication.check_same_optimizer_calls()
+    finally:
+      collections.finish(applying_tower_id=num_towers - 1)
+    return tower_specs.merge(mode, specs, metric_variables, aggregation_device)
+
+
+def _ids(items):
+  return set(id(item) for item in items)
+
+
+class _tower_scopes(object):  # pylint: disable=invalid-name
+  """Variable and name scopes of one tower (tower 0: the caller's own)."""
+
+  def __init__(self, replication, tower_id):
+    self._replication = replication
+    self._tower_id = tower_id
+    self._stack = []
+
+  def __enter__(self):
+    reuse = True if self._tower_id else None
+    var_scope = tf1.variable_scope(
+        tf1.get_variable_scope(), reuse=reuse, auxiliary_name_scope=False)
+    self._stack.append(var_scope)
+    scope = var_scope.__enter__()
+    try:
+      if self._tower_id:
+        name_scope = tf1.name_scope('tower_{}'.format(self._tower_id))
+        self._stack.append(name_scope)
+        name_scope.__enter__()
+      else:
+        current = tf1.get_default_graph().get_name_scope()
+        self._replication.first_tower_scopes = (
+            scope, current + '/' if current else '')
+    except:
+      var_scope.__exit__(None, None, None)
+      raise
+    return self
+
+  def __exit__(self, *exc_info):
+    while self._stack:
+      self._stack.pop().__exit__(*exc_info)
+    return False
+
+
+def _call_model_fn(model_fn, features, labels, mode, params, config):
+  """Calls `model_fn` with the arguments its signature asks for."""
+  accepted = fn_args(model_fn)
+  if 'features' not in accepted:
+    raise errors.InvalidArgumentError(
+        'model_fn must take a `features` argument; its arguments are {}.'
+        .format(list(accepted)))
+  kwargs = {'features': features}
+  if 'labels' in accepted:
+    kwargs['labels'] = labels
+  elif labels is not None:
+    raise errors.InvalidArgumentError(
+        'The input_fn provides labels but model_fn takes no `labels` '
+        'argument; add one to model_fn or return no labels.')
+  if 'mode' in accepted:
+    kwargs['mode'] = mode
+  if 'params' in accepted:
+    kwargs['params'] = copy.deepcopy(params)
+  if 'config' in accepted:
+    kwargs['config'] = copy.deepcopy(config)
+  spec = model_fn(**kwargs)
+  if not isinstance(spec, EstimatorSpec):
+    raise errors.InvalidTypeError(
+        'model_fn must return a tf.estimator.EstimatorSpec, got {!r} of type '
+        '{}.'.format(spec, type(spec).__name__))
+  return spec
+
+
+def _check_tower(spec, tower, replication, trainable_before):
+  """Raises on what would make the replicated model differ from the original."""
+  if (spec.train_op is not None and
+      replication.num_optimizer_calls(tower.tower_id) == 0):
+    raise errors.InvalidArgumentError(
+        'model_fn returned a train_op but made no TowerOptimizer call in tower '
+        '{} of {}. Wrap optimizers with replicate.TowerOptimizer to use '
+        'replicate_model_fn with several devices.'.format(
+            tower.tower_id, tower.num_towers))
+  if tower.tower_id:
+    unshared = [
+        v.op.name for v in tf1.trainable_variables()
+        if id(v) not in trainable_before
+    ]
+    if unshared:
+      raise errors.InvalidArgumentError(
+          'Tower {} created trainable variables {} instead of reusing tower '
+          "0's, so the towers would train different weights. Create variables "
+          'with tf.compat.v1.get_variable or tf.compat.v1.layers (Keras layer '
+          'objects created inside model_fn are not shared).'.format(
+              tower.tower_id, unshared))

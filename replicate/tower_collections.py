@@ -1,0 +1,93 @@
+"""Each tower's own view of the loss and update-op graph collections.
+
+`tf.compat.v1` models find their losses and batch-norm updates through graph
+collections (`tf.losses.get_total_loss()`, `tf.losses.get_regularization_loss()`,
+`tf.get_collection(tf.GraphKeys.UPDATE_OPS)`). When one `model_fn` is called
+once per tower, every later tower would see the entries of every earlier one:
+`tf.contrib.estimator.replicate_model_fn` let tower 3 count the losses of
+towers 0-2, and ran the moving-average updates of all towers concurrently on
+the same variables, so two identical runs ended with different statistics.
+
+While tower `i` is built, the collections below hold the entries that existed
+before replication plus tower `i`'s own, and nothing of the other towers:
+
+* `LOSSES`: tower `i`'s losses only. Afterwards: all towers' losses.
+* `REGULARIZATION_LOSSES`: regularizers are created with the shared variables,
+  i.e. once, in tower 0. Every tower sees them so that, after the loss
+  reduction averages the tower losses, they count exactly once, as in the
+  unreplicated model. Under `Reduction.SUM` tower losses are added, not
+  averaged, so only tower 0 sees them (again: exactly once overall).
+* `UPDATE_OPS`: the policy for batch-norm moving statistics is "the applying
+  tower's updates only". The last tower -- the one whose `train_op` applies
+  the gathered gradients -- runs its updates; the updates other towers build
+  are never run (`TowerOptimizer` computes their gradients outside the
+  `tf.control_dependencies(update_ops)` block that usually wraps
+  `minimize`). One writer per variable per step makes the moving statistics
+  deterministic: two identical runs give bit-identical values. They are
+  estimated from one tower's shard per step, as in tf_cnn_benchmarks.
+  Afterwards the collection holds the applying tower's updates.
+
+The lists are changed in place through the public `get_collection_ref` and
+restored in `finally` blocks; no state of this library is stored in the graph.
+"""
+import contextlib
+
+from replicate._compat import tf1
+
+_KEYS = (tf1.GraphKeys.LOSSES, tf1.GraphKeys.REGULARIZATION_LOSSES,
+         tf1.GraphKeys.UPDATE_OPS)
+
+
+class TowerCollections(object):
+  """Switches the loss and update-op collections between per-tower views."""
+
+  def __init__(self, graph, num_towers, share_regularization):
+    """Records the collections as they are before any tower is built.
+
+    Args:
+      graph: the graph the towers are built in.
+      num_towers: number of towers.
+      share_regularization: whether towers after the first see the
+        regularization losses created in tower 0 (see the module docstring).
+    """
+    self._graph = graph
+    self._share_regularization = share_regularization
+    self._before = {key: list(graph.get_collection(key)) for key in _KEYS}
+    self._added = {key: [[] for _ in range(num_towers)] for key in _KEYS}
+
+  def _view(self, key, tower_id):
+    view = list(self._before[key])
+    if (key == tf1.GraphKeys.REGULARIZATION_LOSSES and tower_id > 0 and
+        self._share_regularization):
+      view.extend(self._added[key][0])
+    return view
+
+  @contextlib.contextmanager
+  def tower(self, tower_id):
+    """Shows tower `tower_id`'s view while the block builds that tower."""
+    views = {}
+    for key in _KEYS:
+      views[key] = self._view(key, tower_id)
+      self._graph.get_collection_ref(key)[:] = views[key]
+    try:
+      yield
+    finally:
+      for key in _KEYS:
+        seen = set(id(item) for item in views[key])
+        self._added[key][tower_id] = [
+            item for item in self._graph.get_collection(key)
+            if id(item) not in seen
+        ]
+
+  def tower_update_ops(self, tower_id):
+    """The update ops tower `tower_id` added."""
+    return list(self._added[tf1.GraphKeys.UPDATE_OPS][tower_id])
+
+  def finish(self, applying_tower_id):
+    """Leaves the collections as described in the module docstring."""
+    for key in _KEYS:
+      if key == tf1.GraphKeys.UPDATE_OPS:
+        added = self._added[key][applying_tower_id]
+      else:
+        added = [item for tower in self._added[key] for item in tower]
+      self._graph.get_collection_ref(key)[:] = self._before[key] + added

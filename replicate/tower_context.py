@@ -1,0 +1,238 @@
+"""Which tower is being built, and the state of one replication in progress.
+
+`replicate_model_fn` builds one tower per device by calling the user's
+`model_fn` once per device. While it does, two objects describe what is going
+on:
+
+* `TowerContext` (public): which tower `model_fn` is building, out of how
+  many, on which device. `get_tower_context()` returns it inside `model_fn`
+  and `None` elsewhere, so a `model_fn` can, e.g., log only from tower 0.
+* `_Replication` (private): what the towers share while they are built --
+  the loss reduction, the scopes of the first tower, and the gradients each
+  `TowerOptimizer` call collected. `TowerOptimizer` reads it.
+
+Both live on a thread-local stack that is pushed and popped in `try/finally`,
+never in graph collections, so nothing is left behind in the graph (or in an
+exported MetaGraph) once `model_fn` returns.
+"""
+import contextlib
+import threading
+
+import tensorflow as tf
+
+from replicate import errors
+from replicate._compat import tf1
+
+
+class TowerContext(object):
+  """Describes the tower that `model_fn` is being called to build.
+
+  Attributes:
+    tower_id: index of the tower, `0 <= tower_id < num_towers`. Tower 0 is
+      built under no extra name scope; tower `i > 0` under `tower_<i>`.
+    num_towers: how many towers the model is replicated into.
+    device: the device the tower's ops are placed on, e.g. `/device:GPU:1`.
+  """
+
+  __slots__ = ('_tower_id', '_num_towers', '_device')
+
+  def __init__(self, tower_id, num_towers, device):
+    self._tower_id = tower_id
+    self._num_towers = num_towers
+    self._device = device
+
+  @property
+  def tower_id(self):
+    return self._tower_id
+
+  @property
+  def num_towers(self):
+    return self._num_towers
+
+  @property
+  def device(self):
+    return self._device
+
+  @property
+  def is_first_tower(self):
+    """True for tower 0, whose ops carry the names of the unreplicated model."""
+    return self._tower_id == 0
+
+  @property
+  def is_last_tower(self):
+    """True for the tower that applies the gathered gradients."""
+    return self._tower_id == self._num_towers - 1
+
+  def __repr__(self):
+    return 'TowerContext(tower_id={}, num_towers={}, device={!r})'.format(
+        self._tower_id, self._num_towers, self._device)
+
+
+class _OptimizerCall(object):
+  """The gradients one `TowerOptimizer.apply_gradients` call saw in a tower."""
+
+  __slots__ = ('optimizer_name', 'grads_and_vars')
+
+  def __init__(self, optimizer_name, grads_and_vars):
+    self.optimizer_name = optimizer_name
+    self.grads_and_vars = grads_and_vars
+
+
+class _Replication(object):
+  """State shared by the towers of one `replicate_model_fn` call.
+
+  Attributes:
+    graph: the graph the towers are built in.
+    num_towers: number of towers.
+    loss_reduction: a `tf.compat.v1.losses.Reduction`.
+    tower: the `TowerContext` being built, or `None` between towers.
+    first_tower_scopes: `(variable_scope, name_scope_string)` of tower 0.
+  """
+
+  def __init__(self, graph, num_towers, loss_reduction):
+    self.graph = graph
+    self.num_towers = num_towers
+    self.loss_reduction = loss_reduction
+    self.tower = None
+    self.first_tower_scopes = None
+    self._calls = [[] for _ in range(num_towers)]
+
+  def scale_loss(self, loss):
+    """Scales one tower's loss so that summing the towers' gives the total.
+
+    `SUM` keeps tower losses as they are; every other reduction averages them
+    over towers (each tower's loss is already a mean over its shard), exactly
+    as `tf.contrib.estimator.replicate_model_fn` did.
+
+    Args:
+      loss: a tower's loss tensor, or `None`.
+
+    Returns:
+      The scaled loss (`None` for `None`).
+    """
+    if loss is None or self.loss_reduction == tf1.losses.Reduction.SUM:
+      return loss
+    return tf.math.truediv(
+        loss, tf.cast(self.num_towers, loss.dtype), name='averaged_loss')
+
+  def record_optimizer_call(self, optimizer_name, grads_and_vars):
+    """Records one `apply_gradients` call of the current tower.
+
+    Args:
+      optimizer_name: the wrapped optimizer's name, to explain mismatches.
+      grads_and_vars: the list of `(gradient, variable)` pairs it was given.
+
+    Returns:
+      The index of this call among the tower's optimizer calls.
+    """
+    calls = self._calls[self.tower.tower_id]
+    calls.append(_OptimizerCall(optimizer_name, list(grads_and_vars)))
+    return len(calls) - 1
+
+  def num_optimizer_calls(self, tower_id):
+    return len(self._calls[tower_id])
+
+  def gradients_of_call(self, call_index):
+    """The `(gradient, variable)` lists of call `call_index`, one per tower.
+
+    Args:
+      call_index: which optimizer call (0 for the first one in `model_fn`).
+
+    Returns:
+      A list with one list of `(gradient, variable)` pairs per tower built so
+      far (all towers, when called from the last one).
+
+    Raises:
+      InvalidArgumentError: if an earlier tower made fewer optimizer calls, or
+        called another optimizer at that position.
+    """
+    this_call = self._calls[self.tower.tower_id][call_index]
+    per_tower = []
+    for tower_id in range(self.tower.tower_id + 1):
+      calls = self._calls[tower_id]
+      if call_index >= len(calls):
+        raise errors.InvalidArgumentError(
+            'Every tower must make the same TowerOptimizer calls in the same '
+            'order, but tower {} made {} apply_gradients call(s) and tower {} '
+            'is making call number {}. Make model_fn build the same training '
+            'ops on every call.'.format(tower_id, len(calls),
+                                        self.tower.tower_id, call_index + 1))
+      if calls[call_index].optimizer_name != this_call.optimizer_name:
+        raise errors.InvalidArgumentError(
+            'Every tower must make the same TowerOptimizer calls in the same '
+            'order, but apply_gradients call number {} used optimizer {!r} in '
+            'tower {} and {!r} in tower {}. Make model_fn call its optimizers '
+            'in the same order on every call.'.format(
+                call_index + 1, calls[call_index].optimizer_name, tower_id,
+                this_call.optimizer_name, self.tower.tower_id))
+      per_tower.append(calls[call_index].grads_and_vars)
+    return per_tower
+
+  def check_same_optimizer_calls(self):
+    """Raises unless every tower made the same number of optimizer calls.
+
+    Raises:
+      InvalidArgumentError: naming the towers and their call counts.
+    """
+    counts = [len(calls) for calls in self._calls]
+    if len(set(counts)) > 1:
+      raise errors.InvalidArgumentError(
+          'Every tower must make the same TowerOptimizer calls, but the towers '
+          'made {} apply_gradients calls respectively. Make model_fn build the '
+          'same training ops on every call.'.format(counts))
+
+
+class _Stack(threading.local):
+
+  def __init__(self):
+    super(_Stack, self).__init__()
+    self.replications = []
+
+
+_STACK = _Stack()
+
+
+@contextlib.contextmanager
+def replication_scope(replication):
+  """Makes `replication` current for the duration of the block."""
+  _STACK.replications.append(replication)
+  try:
+    yield replication
+  finally:
+    _STACK.replications.pop()
+
+
+@contextlib.contextmanager
+def tower_scope(replication, tower):
+  """Marks `tower` (a `TowerContext`) as the tower being built."""
+  replication.tower = tower
+  try:
+    yield tower
+  finally:
+    replication.tower = None
+
+
+def current_replication():
+  """The `_Replication` whose tower is being built in this graph, or None."""
+  if not _STACK.replications:
+    return None
+  replication = _STACK.replications[-1]
+  if replication.tower is None:
+    return None
+  if replication.graph is not tf1.get_default_graph():
+    return None
+  return replication
+
+
+def get_tower_context():
+  """Returns the `TowerContext` of the tower being built, or None.
+
+  Inside a `model_fn` wrapped by `replicate_model_fn` this tells which tower
+  the call builds (also with a single device: tower 0 of 1). Anywhere else it
+  returns `None`.
+
+  Returns:
+    A `TowerContext` or `None`.
+  """
+  replication = current_replication()
+  return None if replication is None else replication.tower

@@ -1,0 +1,177 @@
+"""`TowerOptimizer`: the optimizer wrapper that gathers gradients of all towers.
+
+Inside a `model_fn` replicated by `replicate_model_fn` on several devices,
+every tower computes its gradients; the last tower's `apply_gradients` sums
+them per variable (on the variable's device) and applies them once. Outside
+`replicate_model_fn`, or with a single tower, it is a plain pass-through to
+the wrapped optimizer, so the same training script runs unreplicated.
+"""
+import weakref
+
+import tensorflow as tf
+
+from replicate import errors
+from replicate import gradient_aggregation
+from replicate import tower_context
+from replicate._compat import tf1
+
+
+class TowerOptimizer(tf1.train.Optimizer):
+  """Wraps an optimizer so that `replicate_model_fn` can aggregate gradients.
+
+  Usage inside `model_fn`:
+
+      optimizer = replicate.TowerOptimizer(tf.train.AdamOptimizer(1e-3))
+      train_op = optimizer.minimize(loss, tf.train.get_global_step())
+
+  Only `compute_gradients` and `apply_gradients` differ from the wrapped
+  optimizer; everything else is passed through. Several optimizers may be
+  used in one `model_fn` (e.g. for a GAN) as long as every tower calls them
+  in the same order.
+  """
+
+  def __init__(self, optimizer_or_optimizer_fn):
+    """Wraps an optimizer, or a function that builds one.
+
+    Args:
+      optimizer_or_optimizer_fn: a `tf.compat.v1.train.Optimizer` (including a
+        `SyncReplicasOptimizer`), or a function with no arguments returning
+        one. A function is called lazily, once per graph, so that tensors it
+        creates (e.g. a decayed learning rate) live in the graph being built.
+
+    Raises:
+      InvalidTypeError: if the argument is neither an optimizer nor callable.
+    """
+    if not isinstance(optimizer_or_optimizer_fn, tf1.train.Optimizer) and (
+        not callable(optimizer_or_optimizer_fn)):
+      raise errors.InvalidTypeError(
+          'TowerOptimizer wraps a tf.compat.v1.train.Optimizer or a function '
+          'with no arguments that returns one, got {!r} of type {}.'.format(
+              optimizer_or_optimizer_fn,
+              type(optimizer_or_optimizer_fn).__name__))
+    self._optimizer_or_optimizer_fn = optimizer_or_optimizer_fn
+    self._optimizers_by_graph = weakref.WeakKeyDictionary()
+    super(TowerOptimizer, self).__init__(
+        use_locking=False, name='TowerOptimizer')
+
+  def _get_optimizer(self):
+    """The wrapped optimizer for the current graph (built on first use)."""
+    if isinstance(self._optimizer_or_optimizer_fn, tf1.train.Optimizer):
+      return self._optimizer_or_optimizer_fn
+    graph = tf1.get_default_graph()
+    optimizer = self._optimizers_by_graph.get(graph)
+    if optimizer is None:
+      optimizer = self._optimizer_or_optimizer_fn()
+      if not isinstance(optimizer, tf1.train.Optimizer):
+        raise errors.InvalidTypeError(
+            'The optimizer_fn given to TowerOptimizer must return a '
+            'tf.compat.v1.train.Optimizer, but it returned {!r} of type {}.'
+            .format(optimizer, type(optimizer).__name__))
+      self._optimizers_by_graph[graph] = optimizer
+    return optimizer
+
+  def compute_gradients(self, loss, var_list=None, **kwargs):
+    """Computes the gradients of this tower's share of the loss.
+
+    The loss is first scaled as the loss reduction requires (divided by the
+    number of towers unless the reduction is `SUM`), so that summing the
+    towers' gradients gives the gradient of the unreplicated loss.
+
+    Args:
+      loss: the tower's loss.
+      var_list: as for `Optimizer.compute_gradients`.
+      **kwargs: passed to the wrapped optimizer's `compute_gradients`.
+
+    Returns:
+      A list of `(gradient, variable)` pairs.
+    """
+    replication = tower_context.current_replication()
+    optimizer = self._get_optimizer()
+    if replication is None or replication.num_towers == 1:
+      return optimizer.compute_gradients(loss, var_list=var_list, **kwargs)
+    if callable(loss):
+      raise errors.InvalidArgumentError(
+          'TowerOptimizer.compute_gradients needs the loss tensor in graph '
+          'mode, got the callable {!r}; pass the tensor instead.'.format(loss))
+    scaled = replication.scale_loss(loss)
+    if replication.tower.is_last_tower:
+      return optimizer.compute_gradients(scaled, var_list=var_list, **kwargs)
+    # Towers that do not apply keep their update ops out of the step: the
+    # gradients must not depend on the `control_dependencies(update_ops)`
+    # block models usually put around `minimize` (see tower_collections.py).
+    with tf1.control_dependencies(None):
+      return optimizer.compute_gradients(scaled, var_list=var_list, **kwargs)
+
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    """Applies gradients: once, in the last tower, summed over all towers.
+
+    In every tower but the last this only records the gradients and returns
+    a `no_op` that depends on them. In the last tower it sums each variable's
+    gradients across towers on the variable's device and applies the sums
+    with the wrapped optimizer, under the first tower's scopes (so that slot
+    variables and ops get the names of the unreplicated model).
+
+    Args:
+      grads_and_vars: list of `(gradient, variable)` pairs.
+      global_step: optional variable to increment (once per step).
+      name: optional name of the returned operation.
+
+    Returns:
+      An `Operation`.
+
+    Raises:
+      InvalidArgumentError: if the towers do not make the same optimizer calls.
+    """
+    replication = tower_context.current_replication()
+    optimizer = self._get_optimizer()
+    if replication is None or replication.num_towers == 1:
+      return optimizer.apply_gradients(
+          grads_and_vars, global_step=global_step, name=name)
+    grads_and_vars = list(grads_and_vars)
+    call_index = replication.record_optimizer_call(optimizer.get_name(),
+                                                   grads_and_vars)
+    if not replication.tower.is_last_tower:
+      gradients = [g for g, _ in grads_and_vars if g is not None]
+      with tf1.control_dependencies(_tensors_of(gradients)):
+        return tf.no_op(name='tower_gradients_recorded')
+    tower_grads = replication.gradients_of_call(call_index)
+    var_scope, name_scope = replication.first_tower_scopes
+    with tf1.variable_scope(var_scope, auxiliary_name_scope=False):
+      with tf1.name_scope(name_scope):
+        with tf1.name_scope('gradient_aggregation'):
+          summed = gradient_aggregation.sum_gradients_by_variable(tower_grads)
+        return optimizer.apply_gradients(
+            summed, global_step=global_step, name=name)
+
+  # Everything below passes straight through to the wrapped optimizer.
+
+  def get_slot(self, *args, **kwargs):
+    return self._get_optimizer().get_slot(*args, **kwargs)
+
+  def get_slot_names(self, *args, **kwargs):
+    return self._get_optimizer().get_slot_names(*args, **kwargs)
+
+  def get_name(self, *args, **kwargs):
+    return self._get_optimizer().get_name(*args, **kwargs)
+
+  def variables(self, *args, **kwargs):
+    return self._get_optimizer().variables(*args, **kwargs)
+
+  def __getattr__(self, name):
+    # Optimizer-specific methods, e.g. SyncReplicasOptimizer's
+    # `make_session_run_hook`. Only reached for names not found normally.
+    if name.startswith('__') or name in ('_optimizer_or_optimizer_fn',
+                                         '_optimizers_by_graph'):
+      raise AttributeError(name)
+    return getattr(self._get_optimizer(), name)
+
+
+def _tensors_of(gradients):
+  """The tensors a list of gradients consists of (IndexedSlices unpacked)."""
+  tensors = []
+  for grad in gradients:
+    if isinstance(grad, tf.IndexedSlices):
+      tensors.extend([grad.values, grad.indices])
+    else:
+      tensors.append(grad)
+  return tensors

@@ -1,0 +1,196 @@
+"""Merging the towers' `EstimatorSpec`s into the spec of the replicated model."""
+import tensorflow as tf
+
+from replicate import errors
+from replicate import gradient_aggregation
+from replicate._compat import ClassificationOutput
+from replicate._compat import EstimatorSpec
+from replicate._compat import ModeKeys
+from replicate._compat import PredictOutput
+from replicate._compat import RegressionOutput
+from replicate._compat import tf1
+
+
+def _summed_loss(tower_specs, device):
+  return gradient_aggregation.sum_on_device([s.loss for s in tower_specs],
+                                            device, name='loss')
+
+
+def train_spec(tower_specs, aggregation_device):
+  """The TRAIN spec: summed loss; the last tower's `train_op` and hooks.
+
+  The last tower applies the gathered gradients, so its spec is the template:
+  hooks such as `SyncReplicasOptimizer`'s check that `apply_gradients` was
+  called on their optimizer, which only the last tower did.
+
+  Args:
+    tower_specs: the towers' `EstimatorSpec`s, losses already scaled.
+    aggregation_device: where the loss is summed.
+
+  Returns:
+    An `EstimatorSpec`.
+  """
+  fields = tower_specs[-1]._asdict()
+  fields['loss'] = _summed_loss(tower_specs, aggregation_device)
+  return EstimatorSpec(**fields)
+
+
+def eval_spec(tower_specs, tower_metric_variables, aggregation_device):
+  """The EVAL spec: summed loss, metrics reduced into the first tower's.
+
+  Every evaluation step runs all towers' metric updates, then adds each
+  metric variable of towers 1..n-1 into tower 0's and resets them to zero, so
+  the reduction can run every step (it is idempotent). Tower 0's metric
+  values then cover the whole batch.
+
+  Args:
+    tower_specs: the towers' `EstimatorSpec`s, losses already scaled.
+    tower_metric_variables: for each tower, the metric variables it created,
+      in creation order.
+    aggregation_device: where the loss is summed.
+
+  Returns:
+    An `EstimatorSpec`.
+
+  Raises:
+    InvalidArgumentError: if towers return different metrics.
+    InvalidTypeError: if a metric is not a `(value, update_op)` pair.
+  """
+  fields = tower_specs[0]._asdict()
+  fields['loss'] = _summed_loss(tower_specs, aggregation_device)
+  metrics = [dict(spec.eval_metric_ops or {}) for spec in tower_specs]
+  _check_same_keys([sorted(m) for m in metrics], 'eval_metric_ops')
+  for tower_metrics in metrics:
+    for name, metric in tower_metrics.items():
+      if not (isinstance(metric, (tuple, list)) and len(metric) == 2):
+        raise errors.InvalidTypeError(
+            'replicate_model_fn reduces metrics given as (value_tensor, '
+            'update_op) pairs, as tf.compat.v1.metrics returns them; metric '
+            '{!r} is {!r}. Use a tf.compat.v1.metrics function.'.format(
+                name, metric))
+  if not metrics[0]:
+    return EstimatorSpec(**fields)
+  update_ops = [op for m in metrics for _, (_, op) in sorted(m.items())]
+  with tf1.control_dependencies(update_ops):
+    reduce_op = _reduce_metric_variables(tower_metric_variables)
+  fields['eval_metric_ops'] = {
+      name: (value, reduce_op) for name, (value, _) in metrics[0].items()
+  }
+  return EstimatorSpec(**fields)
+
+
+def _reduce_metric_variables(tower_metric_variables):
+  """Adds towers 1.. metric variables into tower 0's, then zeroes them."""
+  counts = [len(v) for v in tower_metric_variables]
+  if len(set(counts)) > 1:
+    raise errors.InvalidArgumentError(
+        'Every tower must create the same metrics, but the towers created '
+        '{} metric variables respectively. Make model_fn return the same '
+        'eval_metric_ops on every call.'.format(counts))
+  resets = []
+  with tf1.name_scope('metric_reduction'):
+    for position, primary in enumerate(tower_metric_variables[0]):
+      replicas = [tower[position] for tower in tower_metric_variables[1:]]
+      for replica in replicas:
+        if (replica.dtype.base_dtype != primary.dtype.base_dtype or
+            not replica.shape.is_compatible_with(primary.shape)):
+          raise errors.InvalidArgumentError(
+              'Every tower must create the same metrics, but metric variable '
+              '{} ({}, {}) does not match {} ({}, {}) of tower 0. Make '
+              'model_fn return the same eval_metric_ops on every call.'.format(
+                  replica.op.name, replica.dtype.base_dtype.name,
+                  replica.shape, primary.op.name,
+                  primary.dtype.base_dtype.name, primary.shape))
+      add = tf1.assign_add(primary, tf.math.add_n(
+          [tf1.convert_to_tensor(r) for r in replicas]))
+      with tf1.control_dependencies([add]):
+        resets.extend(
+            tf1.assign(replica, tf.zeros_like(replica)) for replica in replicas)
+    return tf.group(*resets, name='reduce_metric_variables')
+
+
+def predict_spec(tower_specs, aggregation_device):
+  """The PREDICT spec: predictions and export outputs concatenated by batch.
+
+  Args:
+    tower_specs: the towers' `EstimatorSpec`s.
+    aggregation_device: where the concatenations run.
+
+  Returns:
+    An `EstimatorSpec`.
+
+  Raises:
+    InvalidArgumentError: if towers return different predictions or outputs.
+    InvalidTypeError: for an export output type that cannot be concatenated.
+  """
+  fields = tower_specs[0]._asdict()
+  with tf1.device(aggregation_device), tf1.name_scope('concat_predictions'):
+    fields['predictions'] = _concat_nests(
+        [spec.predictions for spec in tower_specs], 'predictions')
+    outputs = [dict(spec.export_outputs or {}) for spec in tower_specs]
+    _check_same_keys([sorted(o) for o in outputs], 'export_outputs')
+    if tower_specs[0].export_outputs is not None:
+      fields['export_outputs'] = {
+          key: _concat_export_output([o[key] for o in outputs], key)
+          for key in outputs[0]
+      }
+  return EstimatorSpec(**fields)
+
+
+def _concat_export_output(per_tower, key):
+  first = per_tower[0]
+  for output in per_tower[1:]:
+    if type(output) is not type(first):  # pylint: disable=unidiomatic-typecheck
+      raise errors.InvalidArgumentError(
+          'Every tower must return the same export_outputs, but {!r} is a {} '
+          'in tower 0 and a {} in another tower.'.format(
+              key, type(first).__name__, type(output).__name__))
+  if isinstance(first, PredictOutput):
+    return PredictOutput(
+        _concat_nests([o.outputs for o in per_tower], key))
+  if isinstance(first, RegressionOutput):
+    return RegressionOutput(_concat([o.value for o in per_tower]))
+  if isinstance(first, ClassificationOutput):
+    # Classes are [batch, k] like scores, so they are concatenated too.
+    scores = classes = None
+    if first.scores is not None:
+      scores = _concat([o.scores for o in per_tower])
+    if first.classes is not None:
+      classes = _concat([o.classes for o in per_tower])
+    return ClassificationOutput(scores=scores, classes=classes)
+  raise errors.InvalidTypeError(
+      'Export output {!r} is a {}; replicate_model_fn can concatenate '
+      'PredictOutput, RegressionOutput and ClassificationOutput.'.format(
+          key, type(first).__name__))
+
+
+def _concat(tensors):
+  return tf.concat(tensors, axis=0)
+
+
+def _concat_nests(per_tower, what):
+  if isinstance(per_tower[0], dict):
+    _check_same_keys([sorted(p) for p in per_tower], what)
+    return {
+        key: _concat([p[key] for p in per_tower])
+        for key in per_tower[0]
+    }
+  return _concat(per_tower)
+
+
+def _check_same_keys(per_tower_keys, what):
+  for tower_id, keys in enumerate(per_tower_keys[1:], 1):
+    if keys != per_tower_keys[0]:
+      raise errors.InvalidArgumentError(
+          'Every tower must return the same {}, but tower 0 returned keys {} '
+          'and tower {} returned {}. Make model_fn return the same structure '
+          'on every call.'.format(what, per_tower_keys[0], tower_id, keys))
+
+
+def merge(mode, tower_specs, tower_metric_variables, aggregation_device):
+  """Dispatches to the merge of `mode`."""
+  if mode == ModeKeys.TRAIN:
+    return train_spec(tower_specs, aggregation_device)
+  if mode == ModeKeys.EVAL:
+    return eval_spec(tower_specs, tower_metric_variables, aggregation_device)
+  return predict_spec(tower_specs, aggregation_device)
