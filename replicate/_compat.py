@@ -156,6 +156,8 @@ def local_device_attributes(session_config=None):
       links = [link.device_id for link in d.locality.links.link]
     result.append((d.name, d.device_type, links))
   return result
+
+
 # --- distribute_lib / mirrored_strategy ---
 
 
