@@ -355,6 +355,19 @@ class MirroredStrategy(distribute_lib.Strategy):
         MirroredExtended(self, devices, cross_tower_ops))
 
 
+def in_mirrored_replica():
+  """Whether the current context is a replica of a `MirroredStrategy`.
+
+  `TowerOptimizer` asks this to decide whether to gather gradients across
+  replicas (`apply_gradients_across_replicas`).
+
+  Returns:
+    A bool.
+  """
+  replica = distribute_context.get_replica_context()
+  return replica is not None and isinstance(replica.strategy, MirroredStrategy)
+
+
 def apply_gradients_across_replicas(optimizer, grads_and_vars,
                                     global_step=None, name=None):
   """Sums each variable's gradient over replicas and updates every copy.
