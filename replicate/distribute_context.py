@@ -42,8 +42,8 @@ def _stack():
 
 
 def _default_context():
-  from replicate import distribute_lib  # pylint: disable=g-import-not-at-top
-  return distribute_lib.default_context_entry()
+  from replicate import default_strategy as default_lib  # pylint: disable=g-import-not-at-top
+  return default_lib.default_context_entry()
 
 
 def current_context():
@@ -206,3 +206,8 @@ def unmirrored_variables():
 def creating_unmirrored_variables():
   """Whether an `unmirrored_variables()` block is open in this thread."""
   return getattr(_state, 'unmirrored', 0) > 0
+
+
+def default_strategy():
+  """The default strategy (one replica, no distribution)."""
+  return _default_context().strategy

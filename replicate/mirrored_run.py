@@ -23,7 +23,7 @@ import six
 import tensorflow as tf
 
 from replicate import distribute_context
-from replicate import distribute_lib
+from replicate import replica_context
 from replicate import errors
 from replicate import values as values_lib
 from replicate._compat import tf1
@@ -134,7 +134,7 @@ class _ReplicaThread(threading.Thread):
     return result
 
 
-class MirroredReplicaContext(distribute_lib.ReplicaContext):
+class MirroredReplicaContext(replica_context.ReplicaContext):
   """The replica context of one thread of a mirrored `call_for_each_replica`."""
 
   def __init__(self, strategy, replica_id_in_sync_group, thread):

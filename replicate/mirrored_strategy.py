@@ -21,6 +21,7 @@ from replicate import distribute_lib
 from replicate import errors
 from replicate import input_lib
 from replicate import mirrored_run
+from replicate import strategy_extended
 from replicate import values as values_lib
 from replicate import _compat
 from replicate._compat import tf1
@@ -153,11 +154,11 @@ class MirroredExtended(distribute_lib.StrategyExtended):
 
   def _colocate_vars_with(self, colocate_with_variable):
     if isinstance(colocate_with_variable, MirroredVariable):
-      return distribute_lib._null_context()  # pylint: disable=protected-access
+      return strategy_extended.null_context()
 
     def creator(next_creator, **kwargs):
       with distribute_context.unmirrored_variables(), \
-          tf1.colocate_with(colocate_with_variable):
+          tf1.get_default_graph().colocate_with(colocate_with_variable):
         return next_creator(**kwargs)
     return tf1.variable_creator_scope(creator)
 
@@ -438,5 +439,5 @@ def _apply_merged(strategy, grads_and_vars, global_step, name, optimizer):
     if isinstance(global_step, MirroredVariable):
       return strategy.extended.update(
           global_step, lambda copy: copy.assign_add(1, read_value=False))
-    with tf1.colocate_with(global_step):
+    with tf1.get_default_graph().colocate_with(global_step):
       return tf1.assign_add(global_step, 1, name=name).op
