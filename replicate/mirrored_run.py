@@ -65,6 +65,10 @@ class _ReplicaThread(threading.Thread):
     self.fn, self.args, self.kwargs = fn, args, kwargs
     self.creator = creator
     self.graph = tf1.get_default_graph()
+    # The graph `tf.init_scope` lifts variable creation to: the caller's
+    # outermost graph, e.g. the graph around a TF 2 `while_loop` body.
+    with tf1.init_scope():
+      self.init_graph = tf1.get_default_graph()
     name_scope = self.graph.get_name_scope()
     if replica_id > 0:
       name_scope = (name_scope + '/' if name_scope else '') + (
@@ -92,9 +96,9 @@ class _ReplicaThread(threading.Thread):
       if self.run_state.aborted:
         return
       context = MirroredReplicaContext(self.strategy, self.replica_id, self)
-      with self.graph.as_default(), \
+      with self.init_graph.as_default(), \
+          self.graph.as_default(), \
           self.graph.colocate_with(None, ignore_existing=True), \
-          tf.control_dependencies(None), \
           context, \
           tf.device(self.device), \
           self.graph.name_scope(self.name_scope), \
@@ -152,7 +156,10 @@ class MirroredReplicaContext(replica_context.ReplicaContext):
     return self._thread.pause_for_merge(merge_fn, args, kwargs)
 
   def _all_reduce(self, reduce_op, value):
-    flat = [tf.convert_to_tensor(v) for v in tf.nest.flatten(value)]
+    # A fresh tensor per replica, even for a tensor built outside the
+    # replicas: merge_call must see one value per replica to reduce.
+    with tf.device(self._thread.device):
+      flat = [tf.identity(v) for v in tf.nest.flatten(value)]
     if not flat:
       return value
     context = self
@@ -177,11 +184,6 @@ class MirroredReplicaContext(replica_context.ReplicaContext):
     return list(self.merge_call(merge_fn, args=(tensors,)))
 
 
-def _is_graph_value(value):
-  return isinstance(value, (tf.Tensor, tf.IndexedSlices, tf.SparseTensor,
-                            tf.Operation))
-
-
 def _is_plain_python(value):
   return value is None or isinstance(
       value, six.string_types + six.integer_types + (float, bool))
@@ -191,8 +193,8 @@ def regroup(devices, structures):
   """Merges one nest per replica into one nest of per-replica leaves.
 
   A leaf that is the same object on every replica (a mirrored variable, an
-  optimizer, a Python value) stays as it is; tensors and ops always become
-  `PerReplica`, as does any leaf that differs between replicas.
+  optimizer, a tensor built outside the replicas) or an equal Python value
+  stays as it is; a leaf that differs between replicas becomes `PerReplica`.
 
   Args:
     devices: the replica devices, in replica order.
@@ -219,7 +221,7 @@ def regroup(devices, structures):
     same = all(c is column[0] for c in column)
     if not same and _is_plain_python(column[0]):
       same = all(_is_plain_python(c) and c == column[0] for c in column)
-    if same and not _is_graph_value(column[0]):
+    if same:
       leaves.append(column[0])
     else:
       leaves.append(values_lib.PerReplica(dict(zip(devices, column))))
