@@ -157,18 +157,45 @@ class MirroredVariableTest(tf.test.TestCase):
 
   def test_colocate_vars_with(self):
     strategy = _strategy()
-    with tf.Graph().as_default(), strategy.scope():
-      w = tf1.Variable(1.0, name='w')
-      with strategy.extended.colocate_vars_with(w):
-        mirrored = tf1.Variable(1.0, name='m')
+    with tf.Graph().as_default():
       with tf.device(DEVICES[2]):
         plain = tf1.Variable(1.0, name='p', use_resource=True)
-      with strategy.extended.colocate_vars_with(plain.values[0] if isinstance(
-          plain, values.Mirrored) else plain):
-        colocated = tf1.Variable(1.0, name='c')
+      with strategy.scope():
+        w = tf1.Variable(1.0, name='w')
+        with strategy.extended.colocate_vars_with(w):
+          mirrored = tf1.Variable(1.0, name='m')
+        with strategy.extended.colocate_vars_with(plain):
+          colocated = tf1.Variable(1.0, name='c')
+      # Next to a mirrored variable: mirrored too. Next to a plain one: one
+      # plain variable, colocated with it.
       self.assertIsInstance(mirrored, mirrored_strategy.MirroredVariable)
+      self.assertEqual(mirrored.devices, w.devices)
       self.assertNotIsInstance(colocated, values.DistributedValues)
+      self.assertEqual(colocated.op.colocation_groups(),
+                       plain.op.colocation_groups())
       self.assertTrue(strategy.extended.variable_created_in_scope(colocated))
+      self.assertFalse(strategy.extended.variable_created_in_scope(plain))
+
+  def test_layers_share_mirrored_variables(self):
+    strategy = _strategy()
+
+    def fn():
+      return tf1.layers.dense(tf.ones([2, 3]), 4)
+    with tf.Graph().as_default():
+      outputs = strategy.experimental_run_v2(fn)
+      kernel, bias = tf1.global_variables()
+      self.assertIsInstance(kernel, mirrored_strategy.MirroredVariable)
+      self.assertEqual(kernel.name, 'dense/kernel:0')
+      self.assertIsInstance(bias, mirrored_strategy.MirroredVariable)
+      for i, output in enumerate(strategy.unwrap(outputs)):
+        self.assertIn('CPU:{}'.format(i), output.device)
+
+  def test_update_needs_a_variable(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with self.assertRaisesRegex(errors.InvalidTypeError,
+                                  'update needs a variable, got 3.0'):
+        strategy.extended.update(3.0, lambda c: c)
 
 
 class MergeCallTest(tf.test.TestCase):
@@ -268,6 +295,34 @@ class MergeCallTest(tf.test.TestCase):
       outcome = _bounded(self, lambda: strategy.experimental_run_v2(fn))
     self.assertIsInstance(outcome['error'], KeyError)
     self.assertEqual(_replica_threads(), [])
+
+  def test_another_replicas_context_raises(self):
+    strategy = _strategy()
+    contexts = []
+
+    def fn():
+      contexts.append(replicate.get_replica_context())
+      contexts[0].all_reduce(SUM, tf.constant(1.0))
+    with tf.Graph().as_default():
+      with self.assertRaisesRegex(
+          errors.ContextError,
+          r'ReplicaContext.all_reduce was called on a replica context that is '
+          r'not the current one \(current: replica 1 of MirroredStrategy .*, '
+          r'called on: replica 0 of'):
+        strategy.experimental_run_v2(fn)
+    self.assertEqual(_replica_threads(), [])
+
+  def test_different_structures_raise(self):
+    strategy = _strategy()
+
+    def fn():
+      replica = replicate.get_replica_context().replica_id_in_sync_group
+      return [1.0] * (replica + 1)
+    with tf.Graph().as_default():
+      with self.assertRaisesRegex(
+          errors.InvalidArgumentError,
+          'Replicas produced values of different structures'):
+        strategy.experimental_run_v2(fn)
 
   def test_merge_call_from_another_thread_raises(self):
     strategy = _strategy()
@@ -497,6 +552,15 @@ class InputTest(tf.test.TestCase):
                       contexts[0].input_pipeline_id,
                       contexts[0].num_replicas_in_sync), (1, 0, NUM))
 
+  def test_scalar_input_cannot_be_split(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      iterator = strategy.make_dataset_iterator(tf.data.Dataset.range(3))
+      with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                  'Cannot split the scalar input .* among 4 '
+                                  'replicas'):
+        iterator.get_next()
+
   def test_numpy_iterator(self):
     strategy = _strategy()
     features = np.arange(16, dtype=np.float32).reshape(8, 2)
@@ -705,6 +769,43 @@ class TrainingTest(parameterized.TestCase, tf.test.TestCase):
         sess.run(context.run_op)  # All steps in one run.
         self._check_copies(sess, [w, b], expected)
         self.assertGreater(sess.run(context.last_step_outputs['loss']), 0.0)
+
+
+class RunStepsErrorsTest(tf.test.TestCase):
+
+  def test_output_without_initial_value_raises(self):
+    strategy = _strategy()
+
+    def step_fn(context, inputs):
+      context.set_last_step_output('loss', tf.reduce_sum(inputs.values[0]))
+    with tf.Graph().as_default():
+      iterator = strategy.make_dataset_iterator(
+          tf.data.Dataset.range(8).batch(4).repeat())
+      with self.assertRaisesRegex(
+          errors.InvalidArgumentError,
+          r"The step function recorded outputs \['loss'\] but "
+          r'initial_loop_values has \[\]'):
+        strategy.extended.experimental_run_steps_on_iterator(step_fn,
+                                                             iterator)
+
+  def test_per_replica_output_needs_reduce_op(self):
+    strategy = _strategy()
+
+    def step_fn(context, inputs):
+      context.set_last_step_output('x', inputs)
+    with tf.Graph().as_default():
+      iterator = strategy.make_dataset_iterator(
+          tf.data.Dataset.range(8).batch(4).repeat())
+      with self.assertRaisesRegex(
+          errors.InvalidTypeError,
+          r"set_last_step_output\('x'\) got a per-replica value without a "
+          'reduce_op'):
+        strategy.extended.experimental_run_steps_on_iterator(
+            step_fn, iterator, initial_loop_values={'x': 0})
+      with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                  'iterations must be at least 1'):
+        strategy.extended.experimental_run_steps_on_iterator(
+            step_fn, iterator, iterations=0)
 
 
 class ConstructionTest(tf.test.TestCase):
