@@ -23,8 +23,12 @@ from replicate import values as values_lib
 from replicate import _compat
 
 
-class MirroredVariable(values_lib.Mirrored):
-  """A variable with one identical copy per device of a strategy."""
+class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):
+  """A variable with one identical copy per device of a strategy.
+
+  `tf.compat.v1.train.Saver` saves it like a plain variable (the primary
+  copy's value under the primary's name) and restores every copy.
+  """
 
   # TensorFlow's gradient and optimizer code treats objects with this
   # attribute like a resource variable, asking for `.handle` (here: the local
@@ -83,10 +87,20 @@ class MirroredVariable(values_lib.Mirrored):
     return self._lookup(device)
 
   def __getattr__(self, name):
-    if name.startswith('__') or name in ('_index', '_devices', '_strategy',
-                                         '_replica_ids'):
+    # Dunders, this object's own state and the checkpointing base class's
+    # lazily created `_self_*` state are never taken from a copy.
+    if name.startswith('__') or name.startswith('_self_') or name in (
+        '_index', '_devices', '_strategy', '_replica_ids'):
       raise AttributeError(name)
     return getattr(self._local_copy(), name)
+
+  def _gather_saveables_for_checkpoint(self):
+    copies = self.values
+    name = self.primary.op.name
+
+    def factory(name=name):
+      return _compat.make_copies_saveable(copies, name)
+    return {_compat.VARIABLE_VALUE_KEY: factory}
 
   @property
   def name(self):

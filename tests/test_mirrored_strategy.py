@@ -113,6 +113,40 @@ class MirroredVariableTest(tf.test.TestCase):
         sess.run(assign_op)
         self.assertAllEqual(sess.run(list(v.values)), [7.] * NUM)
 
+  def test_checkpoint_round_trip_with_one_device_model(self):
+    # Saver writes the primary copy under the plain variable's name and a
+    # restore sets every copy, so checkpoints move between a mirrored and an
+    # unreplicated model.
+    directory = self.get_temp_dir()
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with strategy.scope():
+        v = tf1.get_variable('v', [2], initializer=tf1.zeros_initializer())
+      saver = tf1.train.Saver()
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(v.assign([1.0, 2.0]))
+        path = saver.save(sess, directory + '/mirrored')
+        sess.run(v.assign([0.0, 0.0]))
+        saver.restore(sess, path)
+        self.assertAllEqual(sess.run(list(v.values)), [[1.0, 2.0]] * NUM)
+    self.assertEqual(tf.train.list_variables(path), [('v', [2])])
+    with tf.Graph().as_default():
+      plain = tf1.get_variable('v', [2])
+      saver = tf1.train.Saver()
+      with tf1.Session() as sess:
+        saver.restore(sess, path)
+        self.assertAllEqual(sess.run(plain), [1.0, 2.0])
+        sess.run(plain.assign([3.0, 4.0]))
+        path = saver.save(sess, directory + '/plain')
+    with tf.Graph().as_default():
+      with strategy.scope():
+        v = tf1.get_variable('v', [2])
+      saver = tf1.train.Saver()
+      with tf1.Session(config=CONFIG) as sess:
+        saver.restore(sess, path)
+        self.assertAllEqual(sess.run(list(v.values)), [[3.0, 4.0]] * NUM)
+
   def test_assign_inside_replica_raises(self):
     strategy = _strategy()
     with tf.Graph().as_default():
@@ -569,9 +603,13 @@ class InputTest(tf.test.TestCase):
       with tf1.Session(config=CONFIG) as sess:
         embedded = strategy.experimental_make_numpy_iterator(
             (features, labels), batch_size=8, shuffle=None)
-        loaded = strategy.experimental_make_numpy_iterator(
-            {'x': features, 'y': labels}, batch_size=4, num_epochs=2,
-            shuffle=None, session=sess)
+        with strategy.scope():  # The loading variables are not mirrored.
+          loaded = strategy.experimental_make_numpy_iterator(
+              {'x': features, 'y': labels}, batch_size=4, num_epochs=2,
+              shuffle=None, session=sess)
+        variable_ops = [op for op in tf1.get_default_graph().get_operations()
+                        if op.type in ('VarHandleOp', 'VariableV2')]
+        self.assertLen(variable_ops, 2)  # One per array.
         x, y = embedded.get_next()
         batch = loaded.get_next()
         sess.run(embedded.initialize() + loaded.initialize())
