@@ -112,6 +112,28 @@ class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):
     """One op initializing every copy."""
     return tf.group(*[v.initializer for v in self.values])
 
+  @property
+  def constraint(self):
+    """The copies' constraint function (or None).
+
+    Raises:
+      ContextError: inside a replica of this variable's strategy, where only
+        the update of a single copy asks for it: `tf.compat.v1` optimizers
+        read it when they update a variable, and an update there would
+        change only this replica's copy.
+    """
+    replica = distribute_context.get_replica_context()
+    if (distribute_context.get_update_device() is None and
+        replica is not None and replica.strategy is self._strategy):
+      raise errors.ContextError(
+          'A plain optimizer update (apply_gradients / minimize) of mirrored '
+          'variable {} was built inside replica {}: it would change only '
+          "this replica's copy and the copies would differ. Wrap the "
+          'optimizer in replicate.TowerOptimizer, or call '
+          'replicate.mirrored_strategy.apply_gradients_across_replicas.'
+          .format(self.primary.op.name, replica.replica_id_in_sync_group))
+    return self._local_copy().constraint
+
   def _check_assign_context(self, method):
     replica = distribute_context.get_replica_context()
     if (distribute_context.get_update_device() is None and

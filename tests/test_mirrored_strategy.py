@@ -755,6 +755,55 @@ class TrainingTest(parameterized.TestCase, tf.test.TestCase):
         for copy in w.values:
           self.assertIsNotNone(optimizers[0].get_slot(copy, name))
 
+  @parameterized.parameters((False,), (True,))
+  def test_plain_optimizer_inside_replica_raises(self, sparse):
+    strategy = _strategy()
+
+    def step():
+      with tf1.variable_scope('model', reuse=tf1.AUTO_REUSE):
+        table = tf1.get_variable('table', [4, 2])
+      if sparse:
+        loss = tf.reduce_sum(tf.gather(table, [0, 2]))
+      else:
+        loss = tf.reduce_sum(table)
+      return tf1.train.GradientDescentOptimizer(_LR).minimize(loss)
+    with tf.Graph().as_default():
+      with self.assertRaisesRegex(
+          errors.ContextError,
+          'A plain optimizer update .* of mirrored variable model/table was '
+          "built inside replica 0: it would change only this replica's copy"
+          '.*replicate.TowerOptimizer'):
+        strategy.experimental_run_v2(step)
+
+  def test_sparse_gradients_stay_sparse_and_match(self):
+    # An embedding lookup gives IndexedSlices gradients; they are summed
+    # across replicas without densifying and applied to every copy.
+    strategy = _strategy()
+    ids = np.array([0, 2, 2, 3, 1, 0, 3, 3], np.int64)
+
+    def step(inputs):
+      table = tf1.get_variable('table', initializer=tf.ones([4, 2]))
+      loss = tf.reduce_sum(tf.gather(table, inputs) * 2.0) / _BATCH
+      optimizer = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(1.0))
+      grads_and_vars = optimizer.compute_gradients(loss)
+      self.assertIsInstance(grads_and_vars[0][0], tf.IndexedSlices)
+      return optimizer.apply_gradients(grads_and_vars)
+    with tf.Graph().as_default():
+      iterator = strategy.make_dataset_iterator(
+          tf.data.Dataset.from_tensors(ids).repeat())
+      with strategy.scope():
+        train = strategy.group(strategy.experimental_run(step, iterator))
+      table, = tf1.global_variables()
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run([tf1.global_variables_initializer(), iterator.initialize()])
+        sess.run(train)
+        # d loss / d row r = 2 * count(r) / 8; counts: row 0: 2, 1: 1,
+        # 2: 2, 3: 3. One step at rate 1 from 1: 1 - count / 4.
+        expected = [[0.5, 0.5], [0.75, 0.75], [0.5, 0.5], [0.25, 0.25]]
+        for copy in sess.run(list(table.values)):
+          self.assertAllClose(copy, expected)
+
   def test_apply_gradients_across_replicas_errors(self):
     strategy = _strategy()
     optimizer = tf1.train.GradientDescentOptimizer(_LR)
