@@ -19,7 +19,7 @@ from replicate.strategy_extended import StrategyExtended
 
 
 class _DefaultExtended(StrategyExtended):
-  """One replica on whatever device the caller is on; reductions are identities."""
+  """One replica, on the caller's device; reductions are identities."""
 
   @property
   def _num_replicas_in_sync(self):

@@ -1,4 +1,4 @@
-"""The thread-local stack of distribution contexts, and the functions that read it.
+"""The thread-local stack of distribution contexts, and its readers.
 
 Every thread sees a stack of `_Context` entries. The bottom entry (implicit)
 is the default strategy in its default replica context. `Strategy.scope()`

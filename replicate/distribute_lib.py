@@ -1,4 +1,4 @@
-"""Strategy, StrategyExtended and ReplicaContext: code written once, run on N devices.
+"""The strategy API (tf.distribute names): code written once, run on N devices.
 
 Library code asks `get_replica_context()` / `get_strategy()` what it runs in
 and uses the methods here; with no strategy it gets the default one (one
@@ -12,7 +12,12 @@ Two kinds of context:
   Values may be per-replica (`PerReplica`) or mirrored, and `reduce_to`,
   `batch_reduce_to`, `update` combine or update them.
 
-The context stack is `replicate.distribute_context`, this library's own.
+This module holds `Strategy` (the user-facing half), `InputContext` and
+`InputReplicationMode`, and re-exports the rest of the API from the modules
+that implement it: `strategy_extended` (`StrategyExtended` and the context
+rules), `replica_context` (`ReplicaContext`), `distribute_context` (the
+library's own thread-local context stack, `UpdateContext`, the `get_*`
+functions) and `default_strategy`. `ReduceOp` comes from `reduce_util`.
 """
 import copy
 import enum
@@ -97,7 +102,7 @@ class InputContext(object):
     return self._num_replicas_in_sync
 
   def get_per_replica_batch_size(self, global_batch_size):
-    """The batch size of each replica, for a global batch of `global_batch_size`.
+    """The batch size of each replica for a global batch of that size.
 
     Args:
       global_batch_size: the batch size summed over all replicas.
@@ -130,7 +135,7 @@ def has_strategy():
   return get_strategy() is not distribute_context.default_strategy()
 
 
-# --- Strategy -------------------------------------------------------------------
+# --- Strategy ---------------------------------------------------------------
 
 
 class Strategy(object):

@@ -229,7 +229,7 @@ def regroup(devices, structures):
 
 
 def select_replica(device, structure, keep=()):
-  """Replica's share of a merge result: each distributed leaf's value on `device`.
+  """A replica's share of a merge result: distributed leaves on `device`.
 
   Args:
     device: the replica's device.

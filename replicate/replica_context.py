@@ -19,7 +19,7 @@ class ReplicaContext(object):
   """
 
   def __init__(self, strategy, replica_id_in_sync_group):
-    """Builds the context of replica `replica_id_in_sync_group` of `strategy`."""
+    """The context of replica `replica_id_in_sync_group` of `strategy`."""
     self._strategy = strategy
     self._replica_id_in_sync_group = replica_id_in_sync_group
     self._pushed = []
@@ -34,7 +34,7 @@ class ReplicaContext(object):
     return self._pushed.pop().__exit__(exc_type, exc_value, traceback)
 
   def merge_call(self, merge_fn, args=(), kwargs=None):
-    """Runs `merge_fn(strategy, *args, **kwargs)` once, in cross-replica context.
+    """Runs `merge_fn(strategy, *args, **kwargs)` once, cross-replica.
 
     Every replica must call `merge_call` (the same number of times); each
     pauses until all have arrived. `merge_fn` then sees each argument leaf
@@ -95,7 +95,7 @@ class ReplicaContext(object):
         self._replica_id_in_sync_group],)
 
   def all_reduce(self, reduce_op, value):
-    """Reduces `value` (a nest of tensors) over all replicas; each gets the result.
+    """Reduces `value` (a nest of tensors) over replicas; all get the result.
 
     Differentiable: the gradient flowing into each replica's input is the
     all-reduce (same op) of the gradients of every replica's output.

@@ -1,4 +1,4 @@
-"""`StrategyExtended`: the device-level half of a strategy, and the context rules.
+"""`StrategyExtended`: the device-level half of a strategy; the context rules.
 
 The public methods check the context (most need a cross-replica context, or
 no strategy at all) and their arguments, then call the private `_method` a
@@ -142,7 +142,7 @@ class StrategyExtended(object):
         yield
 
   def _scope_extras(self):
-    """Context managers a subclass enters inside its scope (variable creators)."""
+    """What a subclass enters inside its scope (e.g. a variable creator)."""
     return null_context()
 
   def colocate_vars_with(self, colocate_with_variable):
@@ -349,7 +349,7 @@ class StrategyExtended(object):
     return self._value_container(value)
 
   def non_slot_devices(self, var_list):
-    """Where variables not tied to one model variable (e.g. Adam's beta powers) go.
+    """Where state not tied to one variable (e.g. Adam's beta powers) goes.
 
     Args:
       var_list: the model variables.

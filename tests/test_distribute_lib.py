@@ -1,4 +1,4 @@
-"""Tests of distribute_lib: context rules, the default strategy, InputContext."""
+"""Tests of distribute_lib: context rules, default strategy, InputContext."""
 import copy
 import threading
 

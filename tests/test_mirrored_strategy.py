@@ -1,4 +1,4 @@
-"""Tests of MirroredStrategy on 4 virtual CPUs: variables, merge_call, training."""
+"""Tests of MirroredStrategy on 4 virtual CPUs."""
 import threading
 import time
 
@@ -55,7 +55,8 @@ class MirroredVariableTest(tf.test.TestCase):
     strategy = _strategy()
     with tf.Graph().as_default():
       with strategy.scope():
-        w = tf1.get_variable('w', [3], initializer=tf1.random_normal_initializer())
+        w = tf1.get_variable(
+            'w', [3], initializer=tf1.random_normal_initializer())
       self.assertIsInstance(w, replicate.values.Mirrored)
       self.assertLen(w.values, NUM)
       for i, copy in enumerate(w.values):
@@ -84,7 +85,8 @@ class MirroredVariableTest(tf.test.TestCase):
       with strategy.scope():
         v = tf1.Variable(0.0, name='v')
       # Give copy i the value i, to see which copy each replica reads.
-      set_copies = tf.group(*[c.assign(float(i)) for i, c in enumerate(v.values)])
+      set_copies = tf.group(
+          *[c.assign(float(i)) for i, c in enumerate(v.values)])
       reads = strategy.experimental_run_v2(lambda: v * 1.0)
       for i, read in enumerate(strategy.unwrap(reads)):
         self.assertIn('CPU:{}'.format(i), read.device)
