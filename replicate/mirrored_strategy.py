@@ -437,7 +437,8 @@ def _apply_merged(strategy, grads_and_vars, global_step, name, optimizer):
     return apply_op
   with tf.control_dependencies([apply_op]):
     if isinstance(global_step, MirroredVariable):
-      return strategy.extended.update(
+      increment = strategy.extended.update(
           global_step, lambda copy: copy.assign_add(1, read_value=False))
+      return tf.group(increment, name=name) if name else increment
     with tf1.get_default_graph().colocate_with(global_step):
-      return tf1.assign_add(global_step, 1, name=name).op
+      return global_step.assign_add(1, name=name, read_value=False)

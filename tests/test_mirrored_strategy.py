@@ -806,6 +806,32 @@ class TrainingTest(parameterized.TestCase, tf.test.TestCase):
         for copy in sess.run(list(table.values)):
           self.assertAllClose(copy, expected)
 
+  def test_plain_global_step_advances_once(self):
+    strategy = _strategy()
+    expected = _numpy_sgd()
+
+    def step(inputs):
+      _, _, loss = _model_loss(*inputs)
+      optimizer = tf1.train.GradientDescentOptimizer(_LR)
+      return mirrored_strategy.apply_gradients_across_replicas(
+          optimizer, optimizer.compute_gradients(loss),
+          global_step=global_step, name='train_step')
+    with tf.Graph().as_default():
+      global_step = tf1.train.get_or_create_global_step()  # Not mirrored.
+      iterator = strategy.make_dataset_iterator(_dataset())
+      with strategy.scope():
+        result = strategy.experimental_run(step, iterator)
+      # The same op on every replica.
+      self.assertIsInstance(result, tf.Operation)
+      self.assertEqual(result.name, 'train_step')
+      w, b = tf1.trainable_variables()
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run([tf1.global_variables_initializer(), iterator.initialize()])
+        for _ in range(_STEPS):
+          sess.run(result)
+        self.assertEqual(sess.run(global_step), _STEPS)
+        self._check_copies(sess, [w, b], expected)
+
   def test_apply_gradients_across_replicas_errors(self):
     strategy = _strategy()
     optimizer = tf1.train.GradientDescentOptimizer(_LR)
