@@ -8,6 +8,16 @@ values through a `CrossTowerOps` (by default `choose_the_best(devices)`).
 Loss rule (as in TF 1.14): each replica scales its loss to the *global*
 batch (e.g. divides its summed loss by the global batch size); gradients are
 then summed across replicas, never averaged a second time.
+
+Optimizers: inside a replica, wrap the optimizer in `replicate.TowerOptimizer`
+(or call `apply_gradients_across_replicas`); it sums gradients across
+replicas and updates every copy. A bare `tf.compat.v1` optimizer would update
+only the replica's own copy, so building such an update raises.
+
+Limits: graph mode only (TF 1.x graphs, or `tf.Graph().as_default()` on TF
+2.x); mirrored variables cannot be assigned inside a replica (no per-variable
+aggregation modes); control dependencies open around a `merge_call` do not
+carry into the merge function.
 """
 import functools
 
