@@ -20,6 +20,7 @@ aggregation modes); control dependencies open around a `merge_call` do not
 carry into the merge function.
 """
 import functools
+import weakref
 
 import six
 import tensorflow as tf
@@ -37,6 +38,13 @@ from replicate import _compat
 from replicate._compat import tf1
 from replicate.mirrored_values import MirroredVariable
 from replicate.reduce_util import ReduceOp
+
+
+# Collections variables may add themselves to, whatever they were asked.
+_VARIABLE_COLLECTIONS = (tf1.GraphKeys.GLOBAL_VARIABLES,
+                         tf1.GraphKeys.TRAINABLE_VARIABLES,
+                         tf1.GraphKeys.LOCAL_VARIABLES,
+                         tf1.GraphKeys.MODEL_VARIABLES)
 
 
 def _default_devices():
@@ -74,9 +82,9 @@ class MirroredExtended(distribute_lib.StrategyExtended):
     self._session_config = None
     # id(copy) -> its MirroredVariable; the copies stay alive as long as the
     # container, which this dict holds, so ids are never reused.
-    self._containers = {}
+    self._containers = weakref.WeakValueDictionary()
     # id(variable) -> variable, for plain variables created in scope.
-    self._plain_variables = {}
+    self._plain_variables = weakref.WeakValueDictionary()
 
   # Variables.
 
@@ -156,9 +164,11 @@ class MirroredExtended(distribute_lib.StrategyExtended):
     for copy in mirrored.values:
       self._containers[id(copy)] = mirrored
     # A trainable resource variable adds itself to TRAINABLE_VARIABLES even
-    # with collections=[]; take the copies out again.
-    trainables = tf1.get_collection_ref(tf1.GraphKeys.TRAINABLE_VARIABLES)
-    trainables[:] = [v for v in trainables if id(v) not in copy_ids]
+    # with collections=[], and a TF 2 `tf.Variable` ignores `collections`
+    # (joining GLOBAL_VARIABLES too); take the copies out again.
+    for key in set(collections) | set(_VARIABLE_COLLECTIONS):
+      members = tf1.get_collection_ref(key)
+      members[:] = [v for v in members if id(v) not in copy_ids]
     tf1.add_to_collections(collections, mirrored)
     return mirrored
 

@@ -79,6 +79,19 @@ class MirroredVariableTest(tf.test.TestCase):
         self.assertAllEqual(sess.run(w), copies[0])  # Cross-replica: primary.
         self.assertAllEqual(sess.run(strategy.extended.read_var(w)), copies[0])
 
+  def test_tf_variable_v2_is_mirrored_and_collected_once(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with strategy.scope():
+        v = tf.Variable(1.0, name='v2')
+        local = tf1.Variable(
+            2.0, name='local', trainable=False,
+            collections=[tf1.GraphKeys.LOCAL_VARIABLES])
+      self.assertIsInstance(v, mirrored_strategy.MirroredVariable)
+      self.assertEqual(tf1.global_variables(), [v])
+      self.assertEqual(tf1.trainable_variables(), [v])
+      self.assertEqual(tf1.local_variables(), [local])
+
   def test_replica_reads_its_copy_and_update_changes_every_copy(self):
     strategy = _strategy()
     with tf.Graph().as_default():
