@@ -80,8 +80,8 @@ class MirroredExtended(distribute_lib.StrategyExtended):
     self._given_cross_tower_ops = cross_tower_ops
     self._chosen_cross_tower_ops = None
     self._session_config = None
-    # id(copy) -> its MirroredVariable; the copies stay alive as long as the
-    # container, which this dict holds, so ids are never reused.
+    # id(copy) -> its MirroredVariable. An entry goes when its container
+    # does; the container holds its copies, so an id is never stale.
     self._containers = weakref.WeakValueDictionary()
     # id(variable) -> variable, for plain variables created in scope.
     self._plain_variables = weakref.WeakValueDictionary()

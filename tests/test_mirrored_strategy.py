@@ -162,6 +162,25 @@ class MirroredVariableTest(tf.test.TestCase):
         saver.restore(sess, path)
         self.assertAllEqual(sess.run(list(v.values)), [[3.0, 4.0]] * NUM)
 
+  def test_update_non_slot_runs_once_per_device(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with strategy.scope():
+        w = tf1.Variable(0.0, name='w')
+        counter = tf1.Variable(0.0, name='counter')
+        devices = strategy.extended.non_slot_devices([w])
+        # Inside each device's update, assigning the mirrored counter
+        # changes that device's copy only: one increment per copy.
+        ops = strategy.extended.update_non_slot(
+            devices, lambda: counter.assign_add(1.0, read_value=False),
+            group=False)
+      self.assertEqual(devices, w.devices)
+      self.assertLen(ops, NUM)
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(ops)
+        self.assertAllEqual(sess.run(list(counter.values)), [1.0] * NUM)
+
   def test_assign_inside_replica_raises(self):
     strategy = _strategy()
     with tf.Graph().as_default():
