@@ -31,3 +31,17 @@ from replicate.cross_tower_ops import ReductionToOneDeviceCrossTowerOps
 from replicate.values import Mirrored
 from replicate.values import PerDevice
 from replicate.values import PerReplica
+
+# Distribution strategies (tf.distribute names).
+from replicate import distribute_lib
+from replicate.distribute_lib import get_cross_replica_context
+from replicate.distribute_lib import get_replica_context
+from replicate.distribute_lib import get_strategy
+from replicate.distribute_lib import has_strategy
+from replicate.distribute_lib import in_cross_replica_context
+from replicate.distribute_lib import InputContext
+from replicate.distribute_lib import InputReplicationMode
+from replicate.distribute_lib import ReplicaContext
+from replicate.distribute_lib import Strategy
+from replicate.distribute_lib import StrategyExtended
+from replicate.mirrored_strategy import MirroredStrategy

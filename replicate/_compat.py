@@ -156,3 +156,78 @@ def local_device_attributes(session_config=None):
       links = [link.device_id for link in d.locality.links.link]
     result.append((d.name, d.device_type, links))
   return result
+
+
+# --- distribute_lib / mirrored_strategy ---
+
+
+def variable_to_tensor(variable, dtype=None, name=None, as_ref=False):
+  """Converts a resource variable to a tensor, honouring `as_ref`.
+
+  The conversion function of `MirroredVariable` forwards to its local copy
+  through this; the public `tf.convert_to_tensor` has no `as_ref`.
+
+  Args:
+    variable: a resource variable.
+    dtype: the requested dtype, or None.
+    name: a name for the read, or None.
+    as_ref: whether a reference (the handle-backed variable) is asked for.
+
+  Returns:
+    A tensor.
+  """
+  return variable._dense_var_to_tensor(  # pylint: disable=protected-access
+      dtype=dtype, name=name, as_ref=as_ref)
+
+
+def _trackable_base():
+  if IS_TF2:
+    from tensorflow.python.trackable import base  # pylint: disable=g-import-not-at-top
+  else:
+    from tensorflow.python.training.tracking import base  # pylint: disable=g-import-not-at-top
+  return base
+
+
+# `tf.compat.v1.train.Saver` saves objects of these classes through their
+# `_gather_saveables_for_checkpoint()` (SaveableObject factories).
+TrackableBase = _trackable_base().Trackable
+VARIABLE_VALUE_KEY = _trackable_base().VARIABLE_VALUE_KEY
+
+
+def make_copies_saveable(copies, name):
+  """A SaveableObject saving `copies[0]` under `name`, restoring every copy.
+
+  Args:
+    copies: the copies of a mirrored variable (resource variables), the
+      primary first.
+    name: the checkpoint key (the primary's op name, as for a plain variable).
+
+  Returns:
+    A `SaveableObject` for `tf.compat.v1.train.Saver`.
+  """
+  from tensorflow.python.training.saving import saveable_object  # pylint: disable=g-import-not-at-top
+
+  class _CopiesSaveable(saveable_object.SaveableObject):
+    """Saves the primary copy; a restore assigns the value to every copy."""
+
+    def __init__(self):
+      primary = copies[0]
+
+      def tensor():
+        with tf.device(primary.device):
+          return primary.read_value()
+      spec = saveable_object.SaveSpec(tensor, '', name, dtype=primary.dtype,
+                                      device=primary.device)
+      super(_CopiesSaveable, self).__init__(primary, [spec], name)
+
+    def restore(self, restored_tensors, restored_shapes):
+      value = restored_tensors[0]
+      if restored_shapes is not None:
+        value = tf.reshape(value, restored_shapes[0])
+      assigns = []
+      for copy in copies:
+        with tf.device(copy.device):
+          assigns.append(copy.assign(value, read_value=False))
+      return tf.group(*assigns)
+
+  return _CopiesSaveable()
