@@ -47,15 +47,20 @@ import bench_util
 
 GLOBAL_BATCH = 256
 CONFIGS = ('single', 'replicate', 'contrib', 'tf_mirrored',
-           'replicate_mirrored')
+           'replicate_mirrored', 'tf_mirrored_loop')
 MODELS = ('wide', 'deep')
 CONFIG_LABELS = {
     'single': 'single device',
     'replicate': 'replicate.replicate_model_fn',
     'contrib': 'tf.contrib.estimator.replicate_model_fn',
     'tf_mirrored': 'tf.distribute.MirroredStrategy',
-    'replicate_mirrored': 'replicate.MirroredStrategy',
+    'replicate_mirrored': 'replicate.MirroredStrategy (session loop)',
+    'tf_mirrored_loop': 'tf.distribute.MirroredStrategy (session loop)',
 }
+# Configurations trained by a MonitoredSession loop instead of an Estimator:
+# TF 1.15's Estimator only takes a tf.distribute.Strategy as train_distribute,
+# and replicate.MirroredStrategy is this library's own (not a TF subclass).
+LOOP_CONFIGS = ('replicate_mirrored', 'tf_mirrored_loop')
 # (warmup, timed steps) per model.
 FULL_STEPS = {'wide': (8, 30), 'deep': (10, 60)}
 QUICK_STEPS = {'wide': (2, 5), 'deep': (3, 8)}
@@ -214,19 +219,6 @@ def _wrapper_and_fn(tf, config, model, timings):
                                      timings)
     return timed(replicate.replicate_model_fn(model_fn,
                                               devices=devices)), None
-  if config == 'replicate_mirrored':
-    if not hasattr(replicate, 'MirroredStrategy'):
-      raise NotApplicable('replicate.MirroredStrategy is not in this tree')
-    if not isinstance(replicate.MirroredStrategy,
-                      type) or not issubclass(
-                          replicate.MirroredStrategy,
-                          tf.distribute.Strategy):
-      raise NotApplicable(
-          'replicate.MirroredStrategy is not a tf.distribute.Strategy, and '
-          'TF 1.15\'s Estimator only accepts those as train_distribute')
-    model_fn, timed = _make_model_fn(tf, model, replicate.TowerOptimizer,
-                                     timings)
-    return timed(model_fn), replicate.MirroredStrategy(devices=devices)
   raise ValueError('unknown config {!r}'.format(config))
 
 
@@ -276,6 +268,68 @@ def _summarize_trace(metadata_list):
   return {'steps': len(metadata_list), 'wall_us': walls, 'ops': out}
 
 
+def _run_loop(tf, model, config, hook, total_steps, timings):
+  """Trains with a strategy's own API in a MonitoredSession loop.
+
+  Same model, data, optimizer, session config and hook as the Estimator
+  configurations: the global batch of 256 is split by the strategy's
+  `make_dataset_iterator`, each replica's loss is scaled to the global batch
+  (divided by the number of replicas), `experimental_run` builds the step.
+
+  Returns:
+    The time the graph construction started (perf_counter).
+  """
+  tf1 = tf.compat.v1
+  devices = list(bench_util.DEVICES)
+  if config == 'replicate_mirrored':
+    import replicate  # pylint: disable=g-import-not-at-top
+    if not hasattr(replicate, 'MirroredStrategy'):
+      raise NotApplicable('replicate.MirroredStrategy is not in this tree')
+    strategy = replicate.MirroredStrategy(devices=devices)
+    wrap = replicate.TowerOptimizer
+  else:
+    strategy = tf.distribute.MirroredStrategy(devices=devices)
+    wrap = lambda opt: opt
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  width, classes = _model_spec(model)
+  rng = np.random.RandomState(0)
+  x = rng.standard_normal((GLOBAL_BATCH, width)).astype(np.float32)
+  y = rng.randint(0, classes, size=(GLOBAL_BATCH,)).astype(np.int32)
+  num_replicas = len(devices)
+
+  def step(inputs):
+    start = time.perf_counter()
+    features, labels = inputs
+    logits = _logits(tf, model, features)
+    loss = tf1.losses.sparse_softmax_cross_entropy(labels, logits)
+    loss = loss / float(num_replicas)
+    optimizer = wrap(tf1.train.GradientDescentOptimizer(0.01))
+    train_op = optimizer.minimize(loss,
+                                  global_step=tf1.train.get_global_step())
+    timings['model_fn_s'] = (timings.get('model_fn_s', 0.0) +
+                             time.perf_counter() - start)
+    return train_op
+
+  with tf.Graph().as_default():
+    start = time.perf_counter()
+    dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
+    iterator = strategy.make_dataset_iterator(dataset)
+    with strategy.scope():
+      tf1.train.get_or_create_global_step()
+      train_op = strategy.group(strategy.experimental_run(step, iterator))
+    scaffold = tf1.train.Scaffold(local_init_op=tf.group(
+        tf1.local_variables_initializer(),
+        *tf.nest.flatten(iterator.initialize())))
+    creator = tf1.train.ChiefSessionCreator(
+        scaffold=scaffold, config=tf1.ConfigProto(
+            device_count={'CPU': bench_util.NUM_DEVICES}))
+    with tf1.train.MonitoredSession(session_creator=creator,
+                                    hooks=[hook]) as sess:
+      for _ in range(total_steps):
+        sess.run(train_op)
+  return start
+
+
 def run_one(model, config, warmup, steps, trace_dir=None, trace_steps=2):
   """Trains one configuration in this process and returns its result dict."""
   result = {'model': model, 'config': config, 'warmup': warmup,
@@ -285,6 +339,18 @@ def run_one(model, config, warmup, steps, trace_dir=None, trace_steps=2):
   tf1.logging.set_verbosity(tf1.logging.ERROR)
   result['tf_version'] = tf.__version__
   timings = {}
+  total = warmup + steps
+  trace = list(range(total, total + trace_steps)) if trace_dir else []
+  hook = _make_hook(tf, trace)
+  if config in LOOP_CONFIGS:
+    try:
+      start = _run_loop(tf, model, config, hook, total + len(trace), timings)
+    except NotApplicable as e:
+      result.update(status='n/a', reason=str(e))
+      return result
+    end = time.perf_counter()
+    return _finish(result, hook, timings, start, end, warmup, total,
+                   trace_dir, model, config)
   try:
     model_fn, distribute = _wrapper_and_fn(tf, config, model, timings)
   except NotApplicable as e:
@@ -300,15 +366,19 @@ def run_one(model, config, warmup, steps, trace_dir=None, trace_steps=2):
         save_summary_steps=None, save_checkpoints_steps=None,
         save_checkpoints_secs=None, log_step_count_steps=None)
     estimator = tf1.estimator.Estimator(model_fn, config=run_config)
-    total = warmup + steps
-    trace = list(range(total, total + trace_steps)) if trace_dir else []
-    hook = _make_hook(tf, trace)
     input_fn = _make_input_fn(tf, model)
     start = time.perf_counter()
     estimator.train(input_fn, steps=total + len(trace), hooks=[hook])
     end = time.perf_counter()
   finally:
     shutil.rmtree(model_dir, ignore_errors=True)
+  return _finish(result, hook, timings, start, end, warmup, total, trace_dir,
+                 model, config)
+
+
+def _finish(result, hook, timings, start, end, warmup, total, trace_dir,
+            model, config):
+  """Computes the metrics of a finished run from the hook's records."""
   ends = hook.step_end
   # ends[i] is the end of step i (0-based), so step i (i >= 1) took
   # ends[i] - ends[i - 1]. Timed: steps warmup .. total - 1; the traced steps
@@ -325,6 +395,7 @@ def run_one(model, config, warmup, steps, trace_dir=None, trace_steps=2):
       model_fn_s=timings.get('model_fn_s'),
       session_s=hook.session_time - hook.begin_time,
       first_step_s=ends[0] - hook.session_time,
+      startup_s=ends[0] - start,
       train_call_s=end - start,
       step_s_median=med,
       step_s_min=min(step_s),
@@ -396,7 +467,7 @@ def summarize(runs, models, configs):
       agg = {'status': 'ok', 'rounds': len(ok)}
       for metric in ('examples_per_s', 'examples_per_s_mean', 'graph_build_s',
                      'model_fn_s', 'session_s', 'step_s_median',
-                     'cpu_s_per_step'):
+                     'cpu_s_per_step', 'startup_s'):
         vals = [r[metric] for r in ok if r.get(metric) is not None]
         if vals:
           agg[metric] = bench_util.median(vals)

@@ -75,14 +75,15 @@ def profile(models, configs, out_dir, warmup=5, steps=10):
 def format_row(row):
   if row.get('status') != 'ok':
     return '{model}/{config}: {status} {reason}'.format(**row)
-  ops = ', '.join('{} {:.0f}x {:.1f}ms'.format(op, c, us / 1e3)
+  op_text = ', '.join('{} {:.0f}x {:.1f}ms'.format(op, c, us / 1e3)
                   for op, (c, us) in sorted(row['ops'].items(),
                                             key=lambda kv: -kv[1][1]))
   return ('{model}/{config}: {examples_per_s:.0f} ex/s, step {step_ms:.1f} ms '
           '(cpu {cpu_ms:.1f} ms, traced {traced_step_ms:.1f} ms); {nodes:.0f} '
           'nodes/step, {transfers:.0f} _Send/_Recv pairs (send {send_us:.0f} '
           'us, recv {recv_us:.0f} us); kernel time {kernel_ms:.1f} ms: '
-          '{ops}'.format(kernel_ms=row['kernel_us'] / 1e3, ops=ops, **row))
+          '{op_text}'.format(kernel_ms=row['kernel_us'] / 1e3,
+                             op_text=op_text, **row))
 
 
 def to_markdown(rows):

@@ -66,29 +66,34 @@ def _estimator_md(est):
   for model in models:
     lines.append('\n#### {} model\n'.format(model))
     lines.append('| configuration | examples/s | vs single | vs contrib | '
-                 'graph build (s) | build vs single | mean examples/s | '
-                 'all rounds (examples/s) |')
-    lines.append('|---|---:|---:|---:|---:|---:|---:|---|')
+                 'CPU ms/step | CPU efficiency vs single | graph build (s) | '
+                 'build vs single | startup (s) | examples/s, every round |')
+    lines.append('|---|---:|---:|---:|---:|---:|---:|---:|---:|---|')
     base = summary.get('{}/single'.format(model), {})
     contrib = summary.get('{}/contrib'.format(model), {})
     for config in configs:
       v = summary.get('{}/{}'.format(model, config), {})
       if v.get('status') != 'ok':
-        lines.append('| {} | n/a | | | | | | {} |'.format(
+        lines.append('| {} | n/a | | | | | | | | {} |'.format(
             labels.get(config, config),
             (v.get('reason') or 'not run').replace('|', '/').replace(
                 '\n', ' ')[:200]))
         continue
       eps = v['examples_per_s']
-      lines.append('| {} | {:.0f} | {} | {} | {:.2f} | {} | {:.0f} | {} |'.format(
-          labels.get(config, config), eps,
-          _fmt(_ratio(eps, base.get('examples_per_s')), '{:.2f}x'),
-          _fmt(_ratio(eps, contrib.get('examples_per_s')), '{:.2f}x'),
-          v['graph_build_s'],
-          _fmt(_ratio(v['graph_build_s'], base.get('graph_build_s')),
-               '{:.2f}x'),
-          v.get('examples_per_s_mean', float('nan')),
-          ', '.join('{:.0f}'.format(x) for x in v['examples_per_s_all'])))
+      lines.append(
+          '| {} | {:.0f} | {} | {} | {:.1f} | {} | {:.2f} | {} | {} | {} |'
+          .format(
+              labels.get(config, config), eps,
+              _fmt(_ratio(eps, base.get('examples_per_s')), '{:.2f}x'),
+              _fmt(_ratio(eps, contrib.get('examples_per_s')), '{:.2f}x'),
+              v.get('cpu_s_per_step', float('nan')) * 1e3,
+              _fmt(_ratio(base.get('cpu_s_per_step'),
+                          v.get('cpu_s_per_step')), '{:.2f}x'),
+              v['graph_build_s'],
+              _fmt(_ratio(v['graph_build_s'], base.get('graph_build_s')),
+                   '{:.2f}x'),
+              _fmt(v.get('startup_s'), '{:.2f}'),
+              ', '.join('{:.0f}'.format(x) for x in v['examples_per_s_all'])))
   return '\n'.join(lines)
 
 
@@ -152,10 +157,16 @@ def write_markdown(results, path):
     out += ['## Estimator training, global batch 256', '',
             'examples/s = 256 / median wall time of one training step after '
             '{} warm-up steps, over {} steps (wide) / {} steps (deep), hooks '
-            'and MonitoredSession included. graph build = seconds from '
-            '`Estimator.train()` to the first hook\'s `begin()` (input_fn + '
-            'model_fn + gradients + train_op + Estimator bookkeeping; no '
-            'session). Ratios are taken within this run.'.format(
+            'and MonitoredSession included. CPU ms/step = process CPU time '
+            '(all threads) per step over the same window; CPU efficiency = '
+            'single device\'s CPU ms/step / this one (less sensitive to other '
+            'load on the machine than wall time). graph build = seconds from '
+            '`Estimator.train()` (session loops: from the first graph op) to '
+            'the first hook\'s `begin()`: input_fn + model_fn of every tower + '
+            'gradients + train_op + bookkeeping, no session. startup = from '
+            'the same start to the end of the first step (adds session '
+            'creation, variable initialization, Grappler and the first run). '
+            'Ratios are taken within this run.'.format(
                 '/'.join(str(s[0]) for s in est['steps'].values()),
                 est['steps']['wide'][1] if 'wide' in est['steps'] else '-',
                 est['steps']['deep'][1] if 'deep' in est['steps'] else '-'),
