@@ -137,6 +137,18 @@ def _make_input_fn(tf, model):
   return input_fn
 
 
+def _session_config(tf):
+  """The session config of every configuration: 4 virtual CPUs.
+
+  $BENCH_INTER_OP / $BENCH_INTRA_OP set the thread pools (default 0: TF
+  picks, i.e. the number of cores) for experiments.
+  """
+  return tf.compat.v1.ConfigProto(
+      device_count={'CPU': bench_util.NUM_DEVICES},
+      inter_op_parallelism_threads=int(os.environ.get('BENCH_INTER_OP', 0)),
+      intra_op_parallelism_threads=int(os.environ.get('BENCH_INTRA_OP', 0)))
+
+
 def _make_hook(tf, trace_steps):
   tf1 = tf.compat.v1
 
@@ -321,8 +333,7 @@ def _run_loop(tf, model, config, hook, total_steps, timings):
         tf1.local_variables_initializer(),
         *tf.nest.flatten(iterator.initialize())))
     creator = tf1.train.ChiefSessionCreator(
-        scaffold=scaffold, config=tf1.ConfigProto(
-            device_count={'CPU': bench_util.NUM_DEVICES}))
+        scaffold=scaffold, config=_session_config(tf))
     with tf1.train.MonitoredSession(session_creator=creator,
                                     hooks=[hook]) as sess:
       for _ in range(total_steps):
@@ -360,8 +371,7 @@ def run_one(model, config, warmup, steps, trace_dir=None, trace_steps=2):
   try:
     run_config = tf1.estimator.RunConfig(
         model_dir=model_dir,
-        session_config=tf1.ConfigProto(
-            device_count={'CPU': bench_util.NUM_DEVICES}),
+        session_config=_session_config(tf),
         train_distribute=distribute,
         save_summary_steps=None, save_checkpoints_steps=None,
         save_checkpoints_secs=None, log_step_count_steps=None)
