@@ -45,7 +45,8 @@ def mlp_model_fn(features, labels, mode, params):
       'accuracy': tf1.metrics.accuracy(labels, tf.cast(logits > 0, tf.float32)),
       'mean_probability': tf1.metrics.mean(probabilities),
   }
-  optimizer = replicate.TowerOptimizer(
+  wrapper = params.get('wrapper', replicate.TowerOptimizer)
+  optimizer = wrapper(
       params.get('optimizer_fn',
                  lambda: tf1.train.GradientDescentOptimizer(0.5)))
   train_op = optimizer.minimize(loss, tf1.train.get_global_step())
