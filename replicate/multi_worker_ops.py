@@ -342,12 +342,15 @@ class CollectiveAllReduce(cross_tower_base.CrossTowerOps):
         for value, destinations in value_destination_pairs[
             start:start + self._merge_scope]:
           instance_key = self._keys.get_instance_key()
-          reduced = {}
+          members = []
           for d in devices:
             with tf.device(d):
-              reduced[d] = _compat.collective_all_reduce(
+              members.append(_compat.collective_all_reduce(
                   placed_on(value.get(d), d), group_size, group_key,
-                  instance_key, 'Add', final_op)
+                  instance_key, 'Add', final_op))
+          # Fetching any output must run every local member of the
+          # collective, or the members that ran would wait forever.
+          reduced = dict(zip(devices, all_reduce.tie_together(members)))
           results.append(values_lib.Mirrored({
               d: reduced[d] if d in reduced
               else cross_tower_base.copy_to_device(reduced[devices[0]], d)
