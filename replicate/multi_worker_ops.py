@@ -20,7 +20,6 @@ from replicate import values as values_lib
 from replicate import _compat
 from replicate.batch_all_reduce import BatchAllReduceBase
 from replicate.batch_all_reduce import check_int
-from replicate.batch_all_reduce import make_packer
 from replicate.batch_all_reduce import placed_on
 from replicate.reduce_util import ReduceOp
 
@@ -253,9 +252,9 @@ class CollectiveKeys(object):
 
   def get_group_key(self, devices):
     """The group key of the collective group of `devices` (local devices)."""
-    key = tuple(sorted(
-        tuple(device_util.canonicalize(d).split('/device:')[-1:])
-        for d in devices))
+    # '/job:worker/replica:0/task:1/device:CPU:0' -> 'CPU:0'.
+    key = tuple(sorted(device_util.canonicalize(d).split('/device:')[-1]
+                       for d in devices))
     with self._lock:
       if key not in self._group_keys:
         self._group_keys[key] = self._next_group_key

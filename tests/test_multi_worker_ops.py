@@ -5,6 +5,7 @@ on 127.0.0.1 (free ports picked by binding port 0), each with two virtual
 CPUs. Every `Session.run` has a timeout and every thread a bounded join, so a
 failure fails instead of hanging.
 """
+import atexit
 import socket
 import threading
 
@@ -54,6 +55,9 @@ def _cluster():
         tf1.train.Server(spec, job_name='worker', task_index=i,
                          config=_server_config(), start=True)
         for i in range(2)]
+    # Drop the servers while TF's modules are still loaded: their destructor
+    # needs them.
+    atexit.register(_CLUSTER.clear)
   return _CLUSTER['servers']
 
 
@@ -155,8 +159,10 @@ class MultiWorkerAllReduceTest(parameterized.TestCase, tf.test.TestCase):
     with tf.Graph().as_default():
       small = tf.zeros([16])  # 64 bytes: ring
       large = tf.zeros([17])  # 68 bytes: two-level shuffle
-      self.assertEqual(ops._spec_for(small).alg, 'xring')  # pylint: disable=protected-access
-      self.assertEqual(ops._spec_for(large).alg, 'pscpu/pscpu')  # pylint: disable=protected-access
+      # pylint: disable=protected-access
+      self.assertEqual(ops._spec_for(small).alg, 'xring')
+      self.assertEqual(ops._spec_for(large).alg, 'pscpu/pscpu')
+      # pylint: enable=protected-access
     self.assertEqual(ops.all_reduce_spec[0],
                      multi_worker_ops.AllReduceSpecTuple('xring', 1, 64))
 
