@@ -277,7 +277,7 @@ class CollectiveAllReduce(cross_tower_base.CrossTowerOps):
   `ConfigProto` whose `experimental.collective_group_leader` names the same
   worker on every worker when `num_workers > 1`. The outputs live on the
   values' devices; other destinations get copies of the result.
-  `IndexedSlices` are not supported.
+  `IndexedSlices` are not supported, nor float16 on TF 1.15.
   """
 
   def __init__(self, num_workers=1, num_gpus_per_worker=0,
@@ -327,6 +327,14 @@ class CollectiveAllReduce(cross_tower_base.CrossTowerOps):
             'CollectiveAllReduce reduces values that live on the same devices '
             'in one batch; got {} and {}.'.format(
                 ', '.join(devices), ', '.join(value.devices)))
+      dtype = value.values[0].dtype.base_dtype
+      if dtype not in _compat.collective_dtypes():
+        raise errors.InvalidTypeError(
+            'CollectiveAllReduce cannot reduce {} values with TensorFlow {} '
+            '(collective ops take {}); cast them, or use '
+            'MultiWorkerAllReduce or ReductionToOneDeviceCrossTowerOps.'
+            .format(dtype.name, tf.__version__, ', '.join(
+                d.name for d in _compat.collective_dtypes())))
     if self._num_gpus_per_worker and len(devices) != self._num_gpus_per_worker:
       raise errors.InvalidArgumentError(
           'num_gpus_per_worker is {} but the values live on {} devices ({}); '

@@ -19,6 +19,7 @@ from replicate import errors
 from replicate import multi_worker_ops
 from replicate import testing
 from replicate import values
+from replicate import _compat
 from replicate._compat import tf1
 from replicate.reduce_util import ReduceOp
 
@@ -274,7 +275,9 @@ class CollectiveAllReduceTest(parameterized.TestCase, tf.test.TestCase):
         for wanted, placed in placement:
           self.assertEqual(wanted, placed)
 
-  @parameterized.parameters(tf.float32, tf.float64)
+  @parameterized.parameters(
+      d for d in (tf.float16, tf.float32, tf.float64)
+      if d in _compat.collective_dtypes())
   def test_one_worker_local(self, dtype):
     devices = testing.virtual_cpu_devices(3)
     with tf.Graph().as_default():
@@ -295,7 +298,8 @@ class CollectiveAllReduceTest(parameterized.TestCase, tf.test.TestCase):
           [lambda: _run('', fetches, testing.virtual_cpu_config(4), graph)])[0]
     for column, per_device in zip(arrays, got):
       for v in per_device:
-        self.assertAllClose(v, lib.expected(column, mean=True))
+        self.assertAllClose(v, lib.expected(column, mean=True),
+                            atol=lib.tolerance(dtype))
     for v in got_copied:
       self.assertAllClose(v, lib.expected(arrays[1], mean=False))
 
@@ -334,6 +338,16 @@ class CollectiveAllReduceTest(parameterized.TestCase, tf.test.TestCase):
                                   'live on 2 devices'):
         replicate.CollectiveAllReduce(num_gpus_per_worker=4).reduce(
             ReduceOp.SUM, inputs[0], devices)
+    unsupported = [d for d in (tf.float16, tf.float32, tf.float64)
+                   if d not in _compat.collective_dtypes()]
+    for dtype in unsupported:  # float16 on TF 1.15
+      with tf.Graph().as_default():
+        inputs, _ = lib.make_inputs(devices, [(2,)], dtype)
+        with self.assertRaisesRegex(errors.InvalidTypeError,
+                                    'cannot reduce {} values with TensorFlow'
+                                    .format(dtype.name)):
+          replicate.CollectiveAllReduce().reduce(ReduceOp.SUM, inputs[0],
+                                                 devices)
     with self.assertRaisesRegex(errors.InvalidArgumentError,
                                 'num_workers must be an integer >= 1, got 0'):
       replicate.CollectiveAllReduce(num_workers=0)
