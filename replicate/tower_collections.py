@@ -4,7 +4,7 @@
 collections (`tf.losses.get_total_loss()`, `tf.losses.get_regularization_loss()`,
 `tf.get_collection(tf.GraphKeys.UPDATE_OPS)`). When one `model_fn` is called
 once per tower, every later tower would see the entries of every earlier one:
-`tf.contrib.estimator.replicate_model_fn` let tower 3 count the losses of
+contrib's `replicate_model_fn` let tower 3 count the losses of
 towers 0-2, and ran the moving-average updates of all towers concurrently on
 the same variables, so two identical runs ended with different statistics.
 
@@ -68,7 +68,7 @@ class TowerCollections(object):
     views = {}
     for key in _KEYS:
       views[key] = self._view(key, tower_id)
-      self._graph.get_collection_ref(key)[:] = views[key]
+      self._set(key, views[key])
     try:
       yield
     finally:
@@ -90,4 +90,10 @@ class TowerCollections(object):
         added = self._added[key][applying_tower_id]
       else:
         added = [item for tower in self._added[key] for item in tower]
-      self._graph.get_collection_ref(key)[:] = self._before[key] + added
+      self._set(key, self._before[key] + added)
+
+  def _set(self, key, items):
+    # An absent collection stays absent (as in the unreplicated model) unless
+    # there is something to put in it.
+    if items or key in self._graph.get_all_collection_keys():
+      self._graph.get_collection_ref(key)[:] = items
