@@ -69,11 +69,21 @@ class AggregationPlacementTest(tf.test.TestCase):
       sums = [op for op in graph.get_operations()
               if op.name.startswith('gradient_aggregation/')
               and op.type == 'AddN']
-    # One AddN per trainable variable, on its variable's device: round robin
-    # puts two of the four variables on each CPU, and so two sums each.
-    self.assertEqual(sorted(variables.values()), sorted(op.device for op in sums))
+      # The gradient each variable is updated with (the last input of its
+      # apply op) is produced on that variable's device.
+      summed_on = {}
+      for op in graph.get_operations():
+        if (op.type.endswith('ApplyGradientDescent') and
+            op.inputs[0].op.name in variables):
+          summed_on[op.inputs[0].op.name] = op.inputs[-1].op.device
+    self.assertEqual(variables, summed_on)
+    # Round robin puts two of the four variables on each CPU; every sum runs
+    # on one of them (small gradients of a device are summed in one packed
+    # AddN, see gradient_aggregation.py).
     self.assertEqual(['/device:CPU:0', '/device:CPU:1'] * 2,
                      list(variables.values()))
+    self.assertTrue(sums)
+    self.assertTrue(set(op.device for op in sums) <= set(variables.values()))
 
   def test_no_collections_beyond_the_unreplicated_model(self):
     features, labels = mt.data(batch_size=8)
