@@ -6,8 +6,12 @@ virtual CPU devices (global batch 256, TF 1.15):
   single             the unreplicated model_fn (placed on /device:CPU:0)
   replicate          replicate.replicate_model_fn + replicate.TowerOptimizer
   contrib            tf.contrib.estimator.replicate_model_fn + TowerOptimizer
+  replicate@pack=0   replicate with gradient packing off (A/B of the packing)
   tf_mirrored        tf.distribute.MirroredStrategy via RunConfig(train_distribute)
-  replicate_mirrored replicate.MirroredStrategy via RunConfig(train_distribute)
+  replicate_mirrored replicate.MirroredStrategy + TowerOptimizer, trained in a
+                     MonitoredSession loop (TF 1.15's Estimator only accepts a
+                     tf.distribute.Strategy as train_distribute)
+  tf_mirrored_loop   tf.distribute.MirroredStrategy in the same loop
 
 Models (synthetic in-memory data, `Dataset.from_tensors(...).repeat()`):
   wide  784-2048-2048-10 ReLU MLP, 10 classes (6 variables, 5.83 M parameters)
@@ -46,8 +50,8 @@ import time
 import bench_util
 
 GLOBAL_BATCH = 256
-CONFIGS = ('single', 'replicate', 'contrib', 'tf_mirrored',
-           'replicate_mirrored', 'tf_mirrored_loop')
+CONFIGS = ('single', 'replicate', 'contrib', 'replicate@pack=0',
+           'tf_mirrored', 'replicate_mirrored', 'tf_mirrored_loop')
 MODELS = ('wide', 'deep')
 CONFIG_LABELS = {
     'single': 'single device',
@@ -56,6 +60,7 @@ CONFIG_LABELS = {
     'tf_mirrored': 'tf.distribute.MirroredStrategy',
     'replicate_mirrored': 'replicate.MirroredStrategy (session loop)',
     'tf_mirrored_loop': 'tf.distribute.MirroredStrategy (session loop)',
+    'replicate@pack=0': 'replicate.replicate_model_fn, packing off (A/B)',
 }
 # Configurations trained by a MonitoredSession loop instead of an Estimator:
 # TF 1.15's Estimator only takes a tf.distribute.Strategy as train_distribute,
@@ -199,6 +204,16 @@ def _apply_aggregation_variant(variant):
   name, _, value = variant.partition('=')
   if name == 'pack':
     gradient_aggregation.PACK_MAX_BYTES = int(value)
+  elif name == 'gate' and value == 'none':
+    # Towers compute gradients with gate_gradients=GATE_NONE (same values;
+    # no tuple/identity gating ops per gradient op).
+    import replicate  # pylint: disable=g-import-not-at-top
+    original = replicate.TowerOptimizer.compute_gradients
+
+    def compute_gradients(self, loss, var_list=None, **kwargs):
+      kwargs['gate_gradients'] = replicate.TowerOptimizer.GATE_NONE
+      return original(self, loss, var_list=var_list, **kwargs)
+    replicate.TowerOptimizer.compute_gradients = compute_gradients
   else:
     raise ValueError('unknown aggregation variant {!r}'.format(variant))
 
