@@ -31,9 +31,17 @@ class VariablePlacement(enum.Enum):
       GPU, else `/device:CPU:0`. This is `tf.contrib`'s default.
     ROUND_ROBIN: variables spread over the tower devices in creation order
       (for experiments; gradients are then summed on each variable's device).
+    PARAMETER_SERVERS: in between-graph training (a `RunConfig` whose cluster,
+      from `TF_CONFIG`, has a `ps` job), every variable on a parameter-server
+      task, `/job:ps/task:<j>/device:CPU:0`, round robin or by `ps_strategy`;
+      see `replicate/cluster.py`. `CONSOLIDATION_DEVICE` does the same in
+      such a cluster; this member makes it a requirement (an error without a
+      `ps` job). Graphs the Estimator builds for a local session (EVAL,
+      PREDICT) use the consolidation device.
   """
   CONSOLIDATION_DEVICE = 'consolidation_device'
   ROUND_ROBIN = 'round_robin'
+  PARAMETER_SERVERS = 'parameter_servers'
 
 
 def canonical_device(device):

@@ -14,6 +14,7 @@ import copy
 import six
 
 from replicate import batch_split
+from replicate import cluster
 from replicate import device_setter
 from replicate import errors
 from replicate import tower_collections
@@ -37,7 +38,8 @@ _SUPPORTED_REDUCTIONS = (
 def replicate_model_fn(model_fn,
                        loss_reduction=tf1.losses.Reduction.SUM_BY_NONZERO_WEIGHTS,
                        devices=None,
-                       variable_placement=VariablePlacement.CONSOLIDATION_DEVICE):
+                       variable_placement=VariablePlacement.CONSOLIDATION_DEVICE,
+                       ps_strategy=None):
   """Replicates `model_fn` over local devices: one tower per device.
 
   Drop-in for `tf.contrib.estimator.replicate_model_fn`:
@@ -64,7 +66,17 @@ def replicate_model_fn(model_fn,
       CPU if there is none. With one device the model is only placed there.
     variable_placement: a `VariablePlacement`: all variables on the
       consolidation device (the single GPU, else `/device:CPU:0`; the
-      default), or round-robin over `devices`.
+      default), or round-robin over `devices`. In between-graph training
+      (the Estimator's `RunConfig` names a cluster through `TF_CONFIG`),
+      towers are built on this task's devices
+      (`/job:worker/task:<i>/device:...`), and with a `ps` job in the
+      cluster the variables go to the parameter servers
+      (`PARAMETER_SERVERS`; also what `CONSOLIDATION_DEVICE` means there).
+      See docs/multi_worker.md.
+    ps_strategy: with parameter servers, how to choose each variable's ps
+      task: `None` for round robin in creation order, or a callable
+      `op -> task index` such as
+      `tf.compat.v1.train.GreedyLoadBalancingStrategy(num_ps, load_fn)`.
 
   Returns:
     A `model_fn` with the signature `(features, labels, mode, params, config)`.
@@ -73,7 +85,11 @@ def replicate_model_fn(model_fn,
     InvalidTypeError: if `model_fn` is not callable or `devices` is not a list
       of strings.
     InvalidArgumentError: if `loss_reduction` is `NONE` or unknown, `devices`
-      is empty or repeats a device, or `variable_placement` is unknown.
+      is empty or repeats a device, `variable_placement` is unknown, or
+      `ps_strategy` comes with `ROUND_ROBIN`. When the model is built:
+      `PARAMETER_SERVERS` or `ps_strategy` without a `ps` job in the cluster,
+      `ROUND_ROBIN` with one, or devices naming a job or task the cluster
+      does not have (see `replicate.cluster.placement`).
   """
   if not callable(model_fn):
     raise errors.InvalidTypeError(
@@ -94,15 +110,24 @@ def replicate_model_fn(model_fn,
         'variable_placement must be a replicate.VariablePlacement (one of {}), '
         'got {!r}.'.format([p.name for p in VariablePlacement],
                            variable_placement))
+  cluster.check_ps_strategy(ps_strategy, variable_placement)
   if devices is not None:
     devices = _canonical_devices(devices)
 
   def replicated_model_fn(features, labels, mode, params=None, config=None):
     """The replicated model_fn handed to the Estimator."""
     tower_devices = devices or _default_devices()
-    _check_devices_exist(tower_devices, config)
+    placement = cluster.placement(config, mode, tower_devices,
+                                  variable_placement, ps_strategy)
+    if placement is None:
+      _check_devices_exist(tower_devices, config)
+      placement = cluster.Placement(
+          tower_devices,
+          device_setter.parameter_device_chooser(variable_placement,
+                                                 tower_devices),
+          device_setter.consolidation_device(tower_devices))
     return _replicate(model_fn, features, labels, mode, params, config,
-                      tower_devices, loss_reduction, variable_placement)
+                      placement, loss_reduction)
 
   return replicated_model_fn
 
@@ -156,19 +181,19 @@ def _check_devices_exist(devices, config):
               index + 1))
 
 
-def _replicate(model_fn, features, labels, mode, params, config, devices,
-               loss_reduction, variable_placement):
+def _replicate(model_fn, features, labels, mode, params, config, placement,
+               loss_reduction):
   """Builds the towers and merges their specs."""
   if mode not in (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT):
     raise errors.InvalidArgumentError(
         'Unknown mode {!r}; expected one of tf.estimator.ModeKeys.TRAIN, EVAL '
         'or PREDICT.'.format(mode))
   graph = tf1.get_default_graph()
-  num_towers = len(devices)
+  num_towers = len(placement.tower_devices)
   replication = tower_context._Replication(graph, num_towers, loss_reduction)  # pylint: disable=protected-access
-  choose_parameter_device = device_setter.parameter_device_chooser(
-      variable_placement, devices)
-  aggregation_device = device_setter.consolidation_device(devices)
+  devices = placement.tower_devices
+  choose_parameter_device = placement.choose_parameter_device
+  aggregation_device = placement.aggregation_device
 
   with tower_context.replication_scope(replication):
     if num_towers == 1:
