@@ -19,6 +19,7 @@ and decides placement; it builds no ops.
 """
 import numbers
 
+from replicate import cluster_check
 from replicate import device_setter
 from replicate import errors
 from replicate._compat import ModeKeys
@@ -37,16 +38,18 @@ class Placement(object):
     tower_devices: fully qualified devices, one tower each.
     choose_parameter_device: a function `op -> device` for stateful ops.
     aggregation_device: where the batch is split and results are gathered.
+    training_hooks: hooks the TRAIN spec needs (cluster checks).
   """
 
   __slots__ = ('tower_devices', 'choose_parameter_device',
-               'aggregation_device')
+               'aggregation_device', 'training_hooks')
 
   def __init__(self, tower_devices, choose_parameter_device,
-               aggregation_device):
+               aggregation_device, training_hooks=()):
     self.tower_devices = tower_devices
     self.choose_parameter_device = choose_parameter_device
     self.aggregation_device = aggregation_device
+    self.training_hooks = tuple(training_hooks)
 
 
 def check_ps_strategy(ps_strategy, variable_placement):
@@ -165,18 +168,20 @@ def placement(config, mode, devices, variable_placement, ps_strategy=None):
   task_prefix = '/job:{}/task:{}'.format(task_type, task_id)
   tower_devices = [
       qualified_device(d, task_prefix, cluster_spec) for d in devices]
+  hooks = [cluster_check.make_hook(config, tower_devices)]
+  aggregation_device = _local_consolidation_device(tower_devices, task_prefix)
   if not has_ps:
     # No parameter servers: each task keeps its own variables on its own
     # consolidation device (what cross-worker all-reduce strategies build on).
-    return Placement(
-        tower_devices,
-        device_setter.parameter_device_chooser(variable_placement,
-                                               tower_devices),
-        _local_consolidation_device(tower_devices, task_prefix))
+    if variable_placement == VariablePlacement.ROUND_ROBIN:
+      choose = device_setter.parameter_device_chooser(variable_placement,
+                                                      tower_devices)
+    else:
+      choose = lambda unused_op: aggregation_device
+    return Placement(tower_devices, choose, aggregation_device, hooks)
   num_ps = cluster_spec.num_tasks(PS_JOB)
-  return Placement(tower_devices,
-                   ParameterServerChooser(num_ps, ps_strategy),
-                   _local_consolidation_device(tower_devices, task_prefix))
+  return Placement(tower_devices, ParameterServerChooser(num_ps, ps_strategy),
+                   aggregation_device, hooks)
 
 
 def _local_consolidation_device(tower_devices, task_prefix):

@@ -126,8 +126,12 @@ def replicate_model_fn(model_fn,
           device_setter.parameter_device_chooser(variable_placement,
                                                  tower_devices),
           device_setter.consolidation_device(tower_devices))
-    return _replicate(model_fn, features, labels, mode, params, config,
+    spec = _replicate(model_fn, features, labels, mode, params, config,
                       placement, loss_reduction)
+    if mode == ModeKeys.TRAIN and placement.training_hooks:
+      spec = spec._replace(training_hooks=(
+          tuple(spec.training_hooks) + placement.training_hooks))
+    return spec
 
   return replicated_model_fn
 
