@@ -271,3 +271,74 @@ class ParameterServerChooser(object):
             'index in [0, {}) (the cluster has {} ps task(s)).'.format(
                 task, op.name, self._num_ps, self._num_ps))
     return '/job:{}/task:{}/device:CPU:0'.format(PS_JOB, int(task))
+
+
+def byte_size_load_fn(op):
+  """The bytes a variable op holds, for `GreedyLoadBalancingStrategy`.
+
+  Args:
+    op: a variable `Operation` (`VariableV2`, `VarHandleOp`, ...) with `shape`
+      and `dtype` attributes.
+
+  Returns:
+    The number of bytes (unknown dimensions count as 1).
+
+  Raises:
+    InvalidArgumentError: if `op` has no `shape` and `dtype` attributes.
+  """
+  try:
+    shape = tf1.TensorShape(op.get_attr('shape'))
+    dtype = tf1.as_dtype(op.get_attr('dtype'))
+  except (ValueError, AttributeError) as e:
+    raise errors.InvalidArgumentError(
+        'byte_size_load_fn weighs variable ops with shape and dtype '
+        'attributes, but op {!r} of type {!r} has none ({}); pass a load_fn '
+        'that handles it.'.format(getattr(op, 'name', op),
+                                  getattr(op, 'type', None), e))
+  num_elements = 1
+  for dim in (shape.as_list() if shape.rank is not None else []):
+    num_elements *= dim or 1
+  return num_elements * dtype.size
+
+
+class GreedyLoadBalancingStrategy(object):
+  """A `ps_strategy`: each variable goes to the least loaded ps task.
+
+  Same name and signature as `tf.contrib.training`'s. Every worker builds the
+  same graph in the same order, so every worker makes the same choices.
+
+      replicate.replicate_model_fn(
+          model_fn,
+          variable_placement=replicate.VariablePlacement.PARAMETER_SERVERS,
+          ps_strategy=replicate.GreedyLoadBalancingStrategy(
+              num_tasks=2, load_fn=replicate.byte_size_load_fn))
+  """
+
+  def __init__(self, num_tasks, load_fn=byte_size_load_fn):
+    """Creates the strategy.
+
+    Args:
+      num_tasks: how many ps tasks the cluster has.
+      load_fn: a function `op -> load` (a number), e.g. `byte_size_load_fn`.
+
+    Raises:
+      InvalidArgumentError: if `num_tasks` is not a positive integer.
+      InvalidTypeError: if `load_fn` is not callable.
+    """
+    if (isinstance(num_tasks, bool) or not isinstance(num_tasks, int) or
+        num_tasks < 1):
+      raise errors.InvalidArgumentError(
+          'num_tasks must be a positive integer (the number of ps tasks), got '
+          '{!r}.'.format(num_tasks))
+    if not callable(load_fn):
+      raise errors.InvalidTypeError(
+          'load_fn must be a callable op -> load, such as '
+          'replicate.byte_size_load_fn, got {!r}.'.format(load_fn))
+    self._load_fn = load_fn
+    self._loads = [0] * num_tasks
+
+  def __call__(self, op):
+    """Returns the least loaded task (the lowest index on ties) and loads it."""
+    task = min(range(len(self._loads)), key=lambda i: (self._loads[i], i))
+    self._loads[task] += self._load_fn(op)
+    return task
