@@ -508,6 +508,11 @@ class ExampleScriptTest(tf.test.TestCase):
         finals[task] = json.load(f)
     self.assertEqual(3, finals['chief']['global_step'])
     self.assertEqual(3, finals['worker']['global_step'])
+    # Synchronous: each worker ran exactly one local step per global step.
+    self.assertEqual(3, finals['chief']['steps'])
+    self.assertEqual(3, finals['worker']['steps'])
+    self.assertEqual(['/job:ps/task:0/device:CPU:0'],
+                     sorted(set(finals['worker']['devices'].values())))
     self.assertEqual(finals['chief']['variables'],
                      finals['worker']['variables'])
     self.assertIn('All workers end with the same variables', output)
