@@ -20,3 +20,32 @@ from replicate.cluster import byte_size_load_fn
 # Errors and test helpers.
 from replicate import errors
 from replicate import testing
+
+# Cross-device reductions (tf.contrib.distribute names).
+from replicate import cross_tower_ops
+from replicate import values
+from replicate.reduce_util import ReduceOp
+from replicate.cross_tower_ops import AllReduceCrossTowerOps
+from replicate.cross_tower_ops import choose_the_best
+from replicate.cross_tower_ops import CollectiveAllReduce
+from replicate.cross_tower_ops import CollectiveKeys
+from replicate.cross_tower_ops import CrossTowerOps
+from replicate.cross_tower_ops import MultiWorkerAllReduce
+from replicate.cross_tower_ops import ReductionToOneDeviceCrossTowerOps
+from replicate.values import Mirrored
+from replicate.values import PerDevice
+from replicate.values import PerReplica
+
+# Distribution strategies (tf.distribute names).
+from replicate import distribute_lib
+from replicate.distribute_lib import get_cross_replica_context
+from replicate.distribute_lib import get_replica_context
+from replicate.distribute_lib import get_strategy
+from replicate.distribute_lib import has_strategy
+from replicate.distribute_lib import in_cross_replica_context
+from replicate.distribute_lib import InputContext
+from replicate.distribute_lib import InputReplicationMode
+from replicate.distribute_lib import ReplicaContext
+from replicate.distribute_lib import Strategy
+from replicate.distribute_lib import StrategyExtended
+from replicate.mirrored_strategy import MirroredStrategy

@@ -56,3 +56,178 @@ def fn_args(fn):
   parameters = inspect.signature(fn).parameters
   return tuple(name for name, p in parameters.items()
                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+# --- cross_tower_ops ---
+# The device scope of the default graph, NCCL and collective ops, and the
+# local device list (with GPU link topology). The private modules are imported
+# inside the functions: importing them is only needed when they are used.
+
+
+class _FakeNodeDef(object):
+  """Just enough of a NodeDef for device functions to inspect."""
+
+  def __init__(self):
+    self.op = ''
+    self.name = ''
+
+
+class _FakeOperation(object):
+  """Just enough of an Operation for a graph to apply its device scopes to."""
+
+  def __init__(self):
+    self.device = ''
+    self.type = ''
+    self.name = ''
+    self.node_def = _FakeNodeDef()
+
+  def _set_device(self, device):  # pylint: disable=invalid-name
+    self.device = device if isinstance(device, str) else device.to_string()
+
+  def _set_device_from_string(self, device_str):  # pylint: disable=invalid-name
+    self.device = device_str
+
+
+def current_device():
+  """The device an op created now in the default graph would be placed on.
+
+  Returns:
+    The device string of the innermost `tf.device` scopes, merged as the
+    graph would merge them (`''` outside any device scope). In eager mode,
+    the eager context's device name.
+  """
+  if tf.executing_eagerly():
+    from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+    return context.context().device_name or ''
+  op = _FakeOperation()
+  tf1.get_default_graph()._apply_device_functions(op)  # pylint: disable=protected-access
+  return op.device
+
+
+def nccl_all_sum(tensors):
+  """NCCL all-sum of `tensors` (one per GPU); one output on each input's device.
+
+  Args:
+    tensors: a list of tensors of one shape and dtype, each placed on its GPU.
+
+  Returns:
+    The list of summed tensors, one per input.
+  """
+  from tensorflow.python.ops import nccl_ops  # pylint: disable=g-import-not-at-top
+  return nccl_ops.all_sum(tensors)
+
+
+def collective_all_reduce(tensor, group_size, group_key, instance_key,
+                          merge_op, final_op):
+  """A collective all-reduce op (`CollectiveReduce`), same call on both TFs.
+
+  Args:
+    tensor: the local tensor.
+    group_size: how many devices (over all workers) take part.
+    group_key: integer naming the group of devices.
+    instance_key: integer naming this reduction; equal on every member.
+    merge_op: `'Add'` (and the other names TF accepts).
+    final_op: `'Id'` or `'Div'` (divide by `group_size`).
+
+  Returns:
+    The reduced tensor, on the device of the calling scope.
+  """
+  from tensorflow.python.ops import collective_ops  # pylint: disable=g-import-not-at-top
+  return collective_ops.all_reduce(tensor, group_size, group_key, instance_key,
+                                   merge_op, final_op)
+
+
+def local_device_attributes(session_config=None):
+  """Describes the local devices, as a session with `session_config` sees them.
+
+  Args:
+    session_config: optional `tf.compat.v1.ConfigProto`.
+
+  Returns:
+    A list of `(name, device_type, links)`, where `links` lists the indices
+    (bus ids of the GPUs' interconnect) of the GPUs a GPU is linked to (empty
+    for other devices).
+  """
+  from tensorflow.python.client import device_lib  # pylint: disable=g-import-not-at-top
+  result = []
+  for d in device_lib.list_local_devices(session_config):
+    links = []
+    if d.device_type == 'GPU' and d.HasField('locality'):
+      links = [link.device_id for link in d.locality.links.link]
+    result.append((d.name, d.device_type, links))
+  return result
+
+
+# --- distribute_lib / mirrored_strategy ---
+
+
+def variable_to_tensor(variable, dtype=None, name=None, as_ref=False):
+  """Converts a resource variable to a tensor, honouring `as_ref`.
+
+  The conversion function of `MirroredVariable` forwards to its local copy
+  through this; the public `tf.convert_to_tensor` has no `as_ref`.
+
+  Args:
+    variable: a resource variable.
+    dtype: the requested dtype, or None.
+    name: a name for the read, or None.
+    as_ref: whether a reference (the handle-backed variable) is asked for.
+
+  Returns:
+    A tensor.
+  """
+  return variable._dense_var_to_tensor(  # pylint: disable=protected-access
+      dtype=dtype, name=name, as_ref=as_ref)
+
+
+def _trackable_base():
+  if IS_TF2:
+    from tensorflow.python.trackable import base  # pylint: disable=g-import-not-at-top
+  else:
+    from tensorflow.python.training.tracking import base  # pylint: disable=g-import-not-at-top
+  return base
+
+
+# `tf.compat.v1.train.Saver` saves objects of these classes through their
+# `_gather_saveables_for_checkpoint()` (SaveableObject factories).
+TrackableBase = _trackable_base().Trackable
+VARIABLE_VALUE_KEY = _trackable_base().VARIABLE_VALUE_KEY
+
+
+def make_copies_saveable(copies, name):
+  """A SaveableObject saving `copies[0]` under `name`, restoring every copy.
+
+  Args:
+    copies: the copies of a mirrored variable (resource variables), the
+      primary first.
+    name: the checkpoint key (the primary's op name, as for a plain variable).
+
+  Returns:
+    A `SaveableObject` for `tf.compat.v1.train.Saver`.
+  """
+  from tensorflow.python.training.saving import saveable_object  # pylint: disable=g-import-not-at-top
+
+  class _CopiesSaveable(saveable_object.SaveableObject):
+    """Saves the primary copy; a restore assigns the value to every copy."""
+
+    def __init__(self):
+      primary = copies[0]
+
+      def tensor():
+        with tf.device(primary.device):
+          return primary.read_value()
+      spec = saveable_object.SaveSpec(tensor, '', name, dtype=primary.dtype,
+                                      device=primary.device)
+      super(_CopiesSaveable, self).__init__(primary, [spec], name)
+
+    def restore(self, restored_tensors, restored_shapes):
+      value = restored_tensors[0]
+      if restored_shapes is not None:
+        value = tf.reshape(value, restored_shapes[0])
+      assigns = []
+      for copy in copies:
+        with tf.device(copy.device):
+          assigns.append(copy.assign(value, read_value=False))
+      return tf.group(*assigns)
+
+  return _CopiesSaveable()

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from replicate import errors
 from replicate import gradient_aggregation
+from replicate import mirrored_strategy
 from replicate import tower_context
 from replicate._compat import tf1
 
@@ -105,6 +106,10 @@ class TowerOptimizer(tf1.train.Optimizer):
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
     """Applies gradients: once, in the last tower, summed over all towers.
 
+    Inside `call_for_each_replica` of a `MirroredStrategy`, it instead sums
+    each variable's gradient over the replicas (`merge_call` and
+    `batch_reduce_to`) and updates every mirrored copy.
+
     In every tower but the last this only records the gradients and returns
     a `no_op` that depends on them. In the last tower it sums each variable's
     gradients across towers on the variable's device and applies the sums
@@ -124,6 +129,11 @@ class TowerOptimizer(tf1.train.Optimizer):
     """
     replication = tower_context.current_replication()
     optimizer = self._get_optimizer()
+    if replication is None and mirrored_strategy.in_mirrored_replica():
+      # Inside call_for_each_replica of a MirroredStrategy: sum over
+      # replicas in a merge_call and update every mirrored copy.
+      return mirrored_strategy.apply_gradients_across_replicas(
+          optimizer, grads_and_vars, global_step=global_step, name=name)
     if replication is None or replication.num_towers == 1:
       return optimizer.apply_gradients(
           grads_and_vars, global_step=global_step, name=name)

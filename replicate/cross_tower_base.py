@@ -1,0 +1,291 @@
+"""The `CrossTowerOps` API, and reduction to one device.
+
+`CrossTowerOps.reduce`, `batch_reduce` and `broadcast` validate their
+arguments and hand canonical ones to the private `_reduce`, `_batch_reduce`
+and `_broadcast` that subclasses implement. Reduction to one device lives
+here too because every other implementation falls back to it (for sparse
+values, or destinations its fast path cannot serve).
+"""
+import tensorflow as tf
+
+from replicate import device_util
+from replicate import errors
+from replicate import reduce_util
+from replicate import values as values_lib
+from replicate.reduce_util import ReduceOp
+
+
+def tensors_on_devices(per_device_value):
+  """The values of a `DistributedValues`, each as a tensor or IndexedSlices.
+
+  Non-tensor values (Python or NumPy numbers) are converted on their device.
+  If any value is an `IndexedSlices`, dense ones are turned into
+  `IndexedSlices` too (whole rows, never the other way round).
+
+  Args:
+    per_device_value: a `DistributedValues`.
+
+  Returns:
+    A list of tensors or `IndexedSlices`, in the order of its devices.
+
+  Raises:
+    InvalidTypeError: if the values do not all have one dtype.
+  """
+  result = []
+  for device, value in zip(per_device_value.devices, per_device_value.values):
+    if not isinstance(value, (tf.Tensor, tf.IndexedSlices)):
+      with tf.device(device):
+        value = tf.convert_to_tensor(value)
+    result.append(value)
+  dtypes = set(v.dtype.base_dtype for v in result)
+  if len(dtypes) > 1:
+    raise errors.InvalidTypeError(
+        'The values to reduce have different dtypes ({}) on devices {}; cast '
+        'them to one dtype first.'.format(
+            ', '.join(sorted(d.name for d in dtypes)),
+            ', '.join(per_device_value.devices)))
+  if any(isinstance(v, tf.IndexedSlices) for v in result):
+    result = [_as_indexed_slices(v, d)
+              for v, d in zip(result, per_device_value.devices)]
+  return result
+
+
+def _as_indexed_slices(value, device):
+  if isinstance(value, tf.IndexedSlices):
+    return value
+  with tf.device(device):
+    rows = tf.shape(value, out_type=tf.int64)[0]
+    return tf.IndexedSlices(value, tf.range(rows),
+                            tf.shape(value, out_type=tf.int64))
+
+
+def is_sparse(per_device_value):
+  """Whether any value of a `DistributedValues` is an `IndexedSlices`."""
+  return any(isinstance(v, tf.IndexedSlices) for v in per_device_value.values)
+
+
+def _check_mean_dtype(reduce_op, dtype):
+  if reduce_op == ReduceOp.MEAN and not (dtype.is_floating or dtype.is_complex):
+    raise errors.InvalidTypeError(
+        'Cannot take the MEAN of {} values: the division would not be exact; '
+        'cast them to a floating dtype or reduce with SUM.'.format(dtype.name))
+
+
+def _checked_value(reduce_op, value):
+  """`value` as a `PerDevice` of tensors or IndexedSlices, validated."""
+  value = values_lib.as_per_device(value)
+  tensors = tensors_on_devices(value)
+  _check_mean_dtype(reduce_op, tensors[0].dtype)
+  return values_lib.PerDevice(dict(zip(value.devices, tensors)))
+
+
+def divide_by(value, count):
+  """`value / count` in the dtype of `value` (tensor or IndexedSlices)."""
+  if count == 1:
+    return value
+  if isinstance(value, tf.IndexedSlices):
+    return tf.IndexedSlices(divide_by(value.values, count), value.indices,
+                            value.dense_shape)
+  return value / tf.constant(count, dtype=value.dtype)
+
+
+def reduce_on_device(tensors, reduce_op, device, accumulation_fn=tf.math.add_n):
+  """Reduces `tensors` on `device`: sums (or concatenates slices), then means.
+
+  Args:
+    tensors: a non-empty list of tensors, or of `IndexedSlices`, one dtype.
+    reduce_op: a `ReduceOp`.
+    device: where the reduction runs.
+    accumulation_fn: sums a list of dense tensors.
+
+  Returns:
+    One tensor or `IndexedSlices` on `device`. Slices are concatenated, never
+    densified: repeated indices stay repeated, and mean their sum.
+  """
+  with tf.device(device):
+    if isinstance(tensors[0], tf.IndexedSlices):
+      if len(tensors) == 1:
+        reduced = tensors[0]
+      else:
+        reduced = tf.IndexedSlices(
+            tf.concat([t.values for t in tensors], axis=0),
+            tf.concat([tf.cast(t.indices, tf.int64) for t in tensors], axis=0),
+            tensors[0].dense_shape)
+    elif len(tensors) == 1:
+      reduced = tensors[0]
+    else:
+      reduced = accumulation_fn(tensors)
+    if reduce_op == ReduceOp.MEAN:
+      reduced = divide_by(reduced, len(tensors))
+    return reduced
+
+
+def copy_to_device(value, device):
+  """A copy of `value` (tensor or IndexedSlices) placed on `device`."""
+  with tf.device(device):
+    if isinstance(value, tf.IndexedSlices):
+      dense_shape = value.dense_shape
+      if dense_shape is not None:
+        dense_shape = tf.identity(dense_shape)
+      return tf.IndexedSlices(tf.identity(value.values),
+                              tf.identity(value.indices), dense_shape)
+    return tf.identity(value)
+
+
+def mirror(value, destinations):
+  """`Mirrored` with a copy of `value` on each of `destinations`."""
+  return values_lib.Mirrored(
+      {d: copy_to_device(value, d) for d in destinations})
+
+
+class CrossTowerOps(object):
+  """Base class of the ways values on several devices are combined.
+
+  Subclasses implement `_reduce` (and may implement `_batch_reduce` and
+  `_broadcast`); they receive a `ReduceOp`, `PerDevice` values whose values
+  are all tensors or all `IndexedSlices` of one dtype, and tuples of
+  canonical destination devices.
+  """
+
+  def reduce(self, aggregation, per_device_value, destinations):
+    """Reduces `per_device_value` and places the result on `destinations`.
+
+    Args:
+      aggregation: `replicate.ReduceOp.SUM` / `MEAN` or
+        `tf.VariableAggregation.SUM` / `MEAN`. MEAN divides by the number of
+        values.
+      per_device_value: a `PerDevice` (or `Mirrored`) of tensors or
+        `IndexedSlices`; a single tensor with its device set stands for a
+        one-device `PerDevice`.
+      destinations: a device string, a list of them, a `DistributedValues`
+        or a variable or tensor placed on a device.
+
+    Returns:
+      A `Mirrored` with the reduced value on each destination device.
+
+    Raises:
+      InvalidArgumentError: for another aggregation, or empty/None
+        destinations, or a single tensor without a device.
+      InvalidTypeError: for values of other types, of several dtypes, or a
+        MEAN of integers.
+    """
+    reduce_op = reduce_util.as_reduce_op(aggregation)
+    per_device_value = _checked_value(reduce_op, per_device_value)
+    destinations = values_lib.get_devices_from(destinations)
+    return self._reduce(reduce_op, per_device_value, destinations)
+
+  def batch_reduce(self, aggregation, value_destination_pairs):
+    """Reduces several values at once, each to its own destinations.
+
+    Implementations may fuse the reductions (packing, one all-reduce).
+
+    Args:
+      aggregation: as in `reduce`.
+      value_destination_pairs: a non-empty list of `(per_device_value,
+        destinations)` pairs, each as in `reduce`.
+
+    Returns:
+      A list of `Mirrored`, one per pair, in order.
+
+    Raises:
+      InvalidArgumentError: for an empty list, or any bad pair (see `reduce`).
+      InvalidTypeError: if `value_destination_pairs` is not a list of pairs,
+        or for bad values (see `reduce`).
+    """
+    reduce_op = reduce_util.as_reduce_op(aggregation)
+    if not isinstance(value_destination_pairs, (list, tuple)):
+      raise errors.InvalidTypeError(
+          'value_destination_pairs must be a list of (per_device_value, '
+          'destinations) pairs, got {!r} of type {}.'.format(
+              value_destination_pairs, type(value_destination_pairs).__name__))
+    if not value_destination_pairs:
+      raise errors.InvalidArgumentError(
+          'value_destination_pairs is empty; pass at least one '
+          '(per_device_value, destinations) pair.')
+    pairs = []
+    for pair in value_destination_pairs:
+      if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+        raise errors.InvalidTypeError(
+            'Each item of value_destination_pairs must be a '
+            '(per_device_value, destinations) pair, got {!r}.'.format(pair))
+      pairs.append((_checked_value(reduce_op, pair[0]),
+                    values_lib.get_devices_from(pair[1])))
+    return self._batch_reduce(reduce_op, pairs)
+
+  def broadcast(self, tensor, destinations):
+    """Copies `tensor` onto each of `destinations`.
+
+    Args:
+      tensor: a tensor, `IndexedSlices`, variable, or anything
+        `tf.convert_to_tensor` accepts.
+      destinations: as in `reduce`.
+
+    Returns:
+      A `Mirrored` with a copy on each destination device.
+
+    Raises:
+      InvalidArgumentError: for empty/None destinations.
+      InvalidTypeError: if `tensor` cannot be converted to a tensor.
+    """
+    destinations = values_lib.get_devices_from(destinations)
+    if not isinstance(tensor, (tf.Tensor, tf.IndexedSlices)):
+      try:
+        tensor = tf.convert_to_tensor(tensor)
+      except (TypeError, ValueError) as e:
+        raise errors.InvalidTypeError(
+            'broadcast needs a tensor (or a value convertible to one), got '
+            '{!r} of type {} ({}).'.format(tensor, type(tensor).__name__, e))
+    return self._broadcast(tensor, destinations)
+
+  def _reduce(self, reduce_op, per_device_value, destinations):
+    raise NotImplementedError('_reduce must be implemented by subclasses.')
+
+  def _batch_reduce(self, reduce_op, value_destination_pairs):
+    return [self._reduce(reduce_op, value, destinations)
+            for value, destinations in value_destination_pairs]
+
+  def _broadcast(self, tensor, destinations):
+    return mirror(tensor, destinations)
+
+
+class ReductionToOneDeviceCrossTowerOps(CrossTowerOps):
+  """Reduces every value on one device, then copies it to the destinations.
+
+  Works for any devices and for `IndexedSlices` (which are concatenated, not
+  densified).
+  """
+
+  def __init__(self, reduce_to_device=None, accumulation_fn=None):
+    """Builds the object.
+
+    Args:
+      reduce_to_device: the device the reduction runs on; None means the
+        first destination device of each reduction.
+      accumulation_fn: sums a list of dense tensors; default `tf.add_n`.
+
+    Raises:
+      InvalidTypeError: if `accumulation_fn` is not callable, or
+        `reduce_to_device` is not a device string.
+      InvalidArgumentError: if `reduce_to_device` cannot be parsed.
+    """
+    if accumulation_fn is None:
+      accumulation_fn = tf.math.add_n
+    if not callable(accumulation_fn):
+      raise errors.InvalidTypeError(
+          'accumulation_fn must be callable (like tf.add_n), got {!r}.'.format(
+              accumulation_fn))
+    self._reduce_to_device = (
+        None if reduce_to_device is None
+        else device_util.canonicalize(reduce_to_device))
+    self._accumulation_fn = accumulation_fn
+
+  @property
+  def reduce_to_device(self):
+    """The canonical device reductions run on, or None (first destination)."""
+    return self._reduce_to_device
+
+  def _reduce(self, reduce_op, per_device_value, destinations):
+    device = self._reduce_to_device or destinations[0]
+    reduced = reduce_on_device(list(per_device_value.values), reduce_op,
+                               device, self._accumulation_fn)
+    return mirror(reduced, destinations)

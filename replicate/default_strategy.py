@@ -1,0 +1,130 @@
+"""The default strategy: one replica, wherever `tf.device` puts it.
+
+It is what `get_strategy()` returns outside any scope, so that code written
+against the strategy API runs unchanged without distribution. Its reductions
+are identities and its updates run once, next to the variable.
+"""
+import tensorflow as tf
+
+from replicate import distribute_context
+from replicate import distribute_lib
+from replicate import errors
+from replicate import input_lib
+from replicate import values as values_lib
+from replicate import _compat
+from replicate._compat import tf1
+from replicate.distribute_context import UpdateContext
+from replicate.replica_context import ReplicaContext
+from replicate.strategy_extended import StrategyExtended
+
+
+class _DefaultExtended(StrategyExtended):
+  """One replica, on the caller's device; reductions are identities."""
+
+  @property
+  def _num_replicas_in_sync(self):
+    return 1
+
+  def _colocate_vars_with(self, colocate_with_variable):
+    def creator(next_creator, **kwargs):
+      with tf1.get_default_graph().colocate_with(colocate_with_variable):
+        return next_creator(**kwargs)
+    return tf1.variable_creator_scope(creator)
+
+  def _variable_created_in_scope(self, v):
+    return not isinstance(v, values_lib.DistributedValues)
+
+  def _read_var(self, v):
+    return tf.identity(v)
+
+  def _broadcast_to(self, tensor, destinations):
+    del destinations  # One device: nothing to copy.
+    return tensor
+
+  def _call_for_each_replica(self, fn, args, kwargs):
+    with ReplicaContext(self._container_strategy(), 0):
+      return fn(*args, **kwargs)
+
+  def _reduce_to(self, reduce_op, value, destinations):
+    del reduce_op, destinations  # One replica: the value is its own reduction.
+    return value
+
+  def _batch_reduce_to(self, reduce_op, value_destination_pairs):
+    return [self._reduce_to(reduce_op, v, d)
+            for v, d in value_destination_pairs]
+
+  def _reduce(self, reduce_op, value):
+    del reduce_op  # One replica.
+    return value
+
+  def _update(self, var, fn, args, kwargs, group):
+    graph = tf1.get_default_graph()
+    with graph.colocate_with(var), UpdateContext(var.device):
+      result = fn(var, *args, **kwargs)
+    if group:
+      return result
+    return tf.nest.map_structure(lambda r: (r,), result)
+
+  def _non_slot_devices(self, var_list):
+    return min(var_list, key=lambda v: v.name)
+
+  def _update_non_slot(self, colocate_with, fn, args, kwargs, group):
+    graph = tf1.get_default_graph()
+    with graph.colocate_with(colocate_with), \
+        UpdateContext(colocate_with.device):
+      result = fn(*args, **kwargs)
+    if group:
+      return result
+    return tf.nest.map_structure(lambda r: (r,), result)
+
+  def _value_container(self, value):
+    return value
+
+  def _worker_devices(self):
+    raise errors.ContextError(
+        'The default strategy has no fixed devices: its one replica runs '
+        'wherever tf.device places it. Use MirroredStrategy(devices=[...]) '
+        'to name devices.')
+
+  _parameter_devices = _worker_devices
+
+  def _make_dataset_iterator(self, dataset):
+    return input_lib.DatasetIterator(dataset, devices=None)
+
+  def _make_input_fn_iterator(self, input_fn):
+    return input_lib.InputFunctionIterator(input_fn, devices=None)
+
+
+class _DefaultStrategy(distribute_lib.Strategy):
+  """The strategy in effect when no other is: one replica, no distribution."""
+
+  def __init__(self):
+    super(_DefaultStrategy, self).__init__(_DefaultExtended(self))
+
+  def __deepcopy__(self, memo):
+    return self  # There is one default strategy.
+
+
+class _DefaultReplicaContext(ReplicaContext):
+
+  def _devices(self):
+    return (_compat.current_device(),)
+
+
+def _make_default_context():
+  strategy = _DefaultStrategy()
+  return distribute_context._Context(  # pylint: disable=protected-access
+      strategy, replica_context=_DefaultReplicaContext(strategy, 0))
+
+
+# The bottom entry of every thread's stack, made once at import.
+_DEFAULT_CONTEXT = _make_default_context()
+
+
+def _get_default_strategy():
+  return _DEFAULT_CONTEXT.strategy
+
+
+def default_context_entry():
+  """The bottom entry of every thread's stack: the default replica context."""
+  return _DEFAULT_CONTEXT

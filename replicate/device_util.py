@@ -1,0 +1,102 @@
+"""Device strings, canonicalized once.
+
+TensorFlow accepts many spellings of one device: `/cpu:0`, `CPU:0`,
+`/device:CPU:0`, `/job:localhost/replica:0/task:0/device:CPU:0`. Everything
+in `replicate` that compares or keys devices goes through `canonicalize` first,
+so that two spellings of the same device always compare equal.
+"""
+import six
+
+from replicate import errors
+from replicate._compat import tf1
+
+# What an unspecified part of a device string means: the local job, the first
+# replica and task, the first CPU.
+_LOCAL_DEFAULTS = (('job', 'localhost'), ('replica', 0), ('task', 0),
+                   ('device_type', 'CPU'), ('device_index', 0))
+
+
+def _parse(device, what):
+  """`tf1.DeviceSpec` of `device` (a string or a DeviceSpec)."""
+  if isinstance(device, tf1.DeviceSpec):
+    return device
+  if not isinstance(device, six.string_types):
+    raise errors.InvalidTypeError(
+        '{} must be a device string such as "/device:GPU:0", got {!r} of '
+        'type {}.'.format(what, device, type(device).__name__))
+  try:
+    return tf1.DeviceSpec.from_string(device)
+  except ValueError as e:
+    raise errors.InvalidArgumentError(
+        '{} {!r} is not a valid device string ({}); use a form such as '
+        '"/device:GPU:0" or "/job:worker/task:1/device:CPU:0".'.format(
+            what, device, e))
+
+
+def canonicalize(device, default=None):
+  """Returns the fully specified, canonical spelling of `device`.
+
+  Parts missing from `device` are taken from `default`, then from the local
+  defaults (`/job:localhost/replica:0/task:0/device:CPU:0`). Device types
+  are upper-cased, so `/cpu:0`, `CPU:0` and `/device:CPU:0` all give
+  `/job:localhost/replica:0/task:0/device:CPU:0`.
+
+  Args:
+    device: a device string (any spelling TensorFlow accepts) or a
+      `tf.compat.v1.DeviceSpec`.
+    default: optional device string whose parts fill in what `device` leaves
+      out, e.g. `/job:worker/task:1` to resolve `/gpu:0` on that worker.
+
+  Returns:
+    A string such as `/job:localhost/replica:0/task:0/device:GPU:1`.
+
+  Raises:
+    InvalidTypeError: if `device` or `default` is not a string or DeviceSpec.
+    InvalidArgumentError: if a string cannot be parsed as a device.
+  """
+  spec = tf1.DeviceSpec(**dict(_LOCAL_DEFAULTS))
+  if default is not None:
+    spec = spec.make_merged_spec(_parse(default, 'default device'))
+  spec = spec.make_merged_spec(_parse(device, 'device'))
+  return spec.to_string()
+
+
+def canonicalize_all(devices, default=None):
+  """`canonicalize` applied to each of `devices`; returns a tuple."""
+  return tuple(canonicalize(d, default) for d in devices)
+
+
+def worker_of(device):
+  """The worker part (`/job:.../replica:.../task:...`) of a device.
+
+  Args:
+    device: a device string in any spelling.
+
+  Returns:
+    A string such as `/job:worker/replica:0/task:1`.
+
+  Raises:
+    InvalidTypeError, InvalidArgumentError: as `canonicalize`.
+  """
+  spec = tf1.DeviceSpec.from_string(canonicalize(device))
+  return '/job:{}/replica:{}/task:{}'.format(spec.job, spec.replica, spec.task)
+
+
+def device_type_of(device):
+  """The upper-case device type (`'CPU'`, `'GPU'`, ...) of a device."""
+  return tf1.DeviceSpec.from_string(canonicalize(device)).device_type
+
+
+def resolve(device):
+  """The device a tensor, variable or op was placed on, canonicalized.
+
+  Args:
+    device: the `.device` attribute of a graph object (may be `''`).
+
+  Returns:
+    The canonical device string, or `None` when `device` is empty (the
+    object was built outside any device scope).
+  """
+  if not device:
+    return None
+  return canonicalize(device)

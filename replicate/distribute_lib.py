@@ -1,0 +1,391 @@
+"""The strategy API (tf.distribute names): code written once, run on N devices.
+
+Library code asks `get_replica_context()` / `get_strategy()` what it runs in
+and uses the methods here; with no strategy it gets the default one (one
+replica, identity reductions) and runs unchanged.
+
+Two kinds of context:
+
+* replica context: inside `call_for_each_replica`, one per replica. Values are
+  this replica's. `ReplicaContext.merge_call` hops to the cross-replica context.
+* cross-replica context: inside `Strategy.scope()` and inside merge functions.
+  Values may be per-replica (`PerReplica`) or mirrored, and `reduce_to`,
+  `batch_reduce_to`, `update` combine or update them.
+
+This module holds `Strategy` (the user-facing half), `InputContext` and
+`InputReplicationMode`, and re-exports the rest of the API from the modules
+that implement it: `strategy_extended` (`StrategyExtended` and the context
+rules), `replica_context` (`ReplicaContext`), `distribute_context` (the
+library's own thread-local context stack, `UpdateContext`, the `get_*`
+functions) and `default_strategy`. `ReduceOp` comes from `reduce_util`.
+"""
+import copy
+import enum
+
+import tensorflow as tf
+
+from replicate import distribute_context
+from replicate import errors
+from replicate import input_lib
+from replicate import reduce_util
+from replicate._compat import tf1
+# pylint: disable=g-importing-member,unused-import
+from replicate.distribute_context import get_cross_replica_context
+from replicate.distribute_context import get_replica_context
+from replicate.distribute_context import get_strategy
+from replicate.distribute_context import get_update_device
+from replicate.distribute_context import in_cross_replica_context
+from replicate.distribute_context import UpdateContext
+from replicate.reduce_util import ReduceOp
+from replicate.replica_context import ReplicaContext
+from replicate.strategy_extended import check_int
+from replicate.strategy_extended import DistributionStrategyExtended
+from replicate.strategy_extended import require_cross_replica_or_default_context
+from replicate.strategy_extended import StrategyExtended
+# pylint: enable=g-importing-member,unused-import
+
+
+class InputReplicationMode(enum.Enum):
+  """How `make_input_fn_iterator` replicates the input pipeline.
+
+  * `PER_WORKER`: `input_fn` is called once per worker; each of that worker's
+    replicas takes successive elements of the dataset it returns.
+  """
+  PER_WORKER = 'PER_WORKER'
+
+
+class InputContext(object):
+  """What an `input_fn` needs to know to build its share of the input.
+
+  Passed to the `input_fn` of `Strategy.make_input_fn_iterator`.
+  """
+
+  def __init__(self, num_input_pipelines=1, input_pipeline_id=0,
+               num_replicas_in_sync=1):
+    """Describes one input pipeline among several.
+
+    Args:
+      num_input_pipelines: how many pipelines there are (one per worker).
+      input_pipeline_id: which one this is, in `[0, num_input_pipelines)`.
+      num_replicas_in_sync: how many replicas train in sync (over all
+        pipelines).
+
+    Raises:
+      InvalidTypeError: if an argument is not an integer.
+      InvalidArgumentError: if a count is below 1 or the id is out of range.
+    """
+    check_int('num_input_pipelines', num_input_pipelines, 1)
+    check_int('input_pipeline_id', input_pipeline_id, 0)
+    check_int('num_replicas_in_sync', num_replicas_in_sync, 1)
+    if input_pipeline_id >= num_input_pipelines:
+      raise errors.InvalidArgumentError(
+          'input_pipeline_id {} is out of range for {} input pipelines; it '
+          'must be in [0, {}).'.format(input_pipeline_id, num_input_pipelines,
+                                       num_input_pipelines))
+    self._num_input_pipelines = num_input_pipelines
+    self._input_pipeline_id = input_pipeline_id
+    self._num_replicas_in_sync = num_replicas_in_sync
+
+  @property
+  def num_input_pipelines(self):
+    """How many input pipelines there are."""
+    return self._num_input_pipelines
+
+  @property
+  def input_pipeline_id(self):
+    """This pipeline's id, in `[0, num_input_pipelines)`."""
+    return self._input_pipeline_id
+
+  @property
+  def num_replicas_in_sync(self):
+    """How many replicas train in sync."""
+    return self._num_replicas_in_sync
+
+  def get_per_replica_batch_size(self, global_batch_size):
+    """The batch size of each replica for a global batch of that size.
+
+    Args:
+      global_batch_size: the batch size summed over all replicas.
+
+    Returns:
+      `global_batch_size // num_replicas_in_sync`.
+
+    Raises:
+      InvalidArgumentError (a ValueError): if the global batch size is not
+        divisible by the number of replicas.
+    """
+    if global_batch_size % self._num_replicas_in_sync:
+      raise errors.InvalidArgumentError(
+          'The global batch size ({}) is not divisible by the number of '
+          'replicas in sync ({}); use a global batch size that is a multiple '
+          'of {}.'.format(global_batch_size, self._num_replicas_in_sync,
+                          self._num_replicas_in_sync))
+    return global_batch_size // self._num_replicas_in_sync
+
+  def __repr__(self):
+    return ('InputContext(num_input_pipelines={}, input_pipeline_id={}, '
+            'num_replicas_in_sync={})'.format(
+                self._num_input_pipelines, self._input_pipeline_id,
+                self._num_replicas_in_sync))
+
+
+
+def has_strategy():
+  """Whether a strategy other than the default one is current."""
+  return get_strategy() is not distribute_context.default_strategy()
+
+
+# --- Strategy ---------------------------------------------------------------
+
+
+class Strategy(object):
+  """A way to run a computation on several devices (or one).
+
+  The user-facing half; device-level methods are on `strategy.extended`.
+  """
+
+  def __init__(self, extended):
+    """Wraps `extended`, the `StrategyExtended` doing the work."""
+    self._extended = extended
+
+  @property
+  def extended(self):
+    """The `StrategyExtended` with the device-level methods."""
+    return self._extended
+
+  def scope(self):
+    """A context manager making this the current strategy (cross-replica).
+
+    Variables created in the scope are created the strategy's way (mirrored,
+    for `MirroredStrategy`). Re-entering the scope of the same strategy is
+    allowed.
+
+    Returns:
+      A context manager.
+
+    Raises:
+      ContextError: (on entering) inside a scope or replica of another
+        strategy, or inside a replica of this strategy.
+    """
+    return self._extended._scope(self)  # pylint: disable=protected-access
+
+  @property
+  def num_replicas_in_sync(self):
+    """How many replicas run in sync."""
+    return self._extended._num_replicas_in_sync  # pylint: disable=protected-access
+
+  def make_dataset_iterator(self, dataset):
+    """An iterator giving each replica its slice of each global batch.
+
+    Args:
+      dataset: a `tf.data.Dataset` of global batches (dimension 0 is
+        divisible by `num_replicas_in_sync`).
+
+    Returns:
+      An iterator with `initialize()` (a list of ops to run first) and
+      `get_next()` (per-replica values).
+
+    Raises:
+      InvalidTypeError: if `dataset` is not a dataset.
+    """
+    return self._extended._make_dataset_iterator(dataset)  # pylint: disable=protected-access
+
+  def make_input_fn_iterator(self, input_fn,
+                             replication_mode=InputReplicationMode.PER_WORKER):
+    """An iterator over datasets made by `input_fn(InputContext)`.
+
+    `input_fn` returns a dataset of per-replica batches (use
+    `InputContext.get_per_replica_batch_size`); replicas take successive
+    elements.
+
+    Args:
+      input_fn: a callable taking an `InputContext`, returning a dataset.
+      replication_mode: `InputReplicationMode.PER_WORKER`.
+
+    Returns:
+      An iterator as in `make_dataset_iterator`.
+
+    Raises:
+      InvalidArgumentError: for another replication mode.
+      InvalidTypeError: if `input_fn` is not callable or does not return a
+        dataset.
+    """
+    if replication_mode is not InputReplicationMode.PER_WORKER:
+      raise errors.InvalidArgumentError(
+          'replication_mode must be InputReplicationMode.PER_WORKER (the only '
+          'mode supported), got {!r}.'.format(replication_mode))
+    if not callable(input_fn):
+      raise errors.InvalidTypeError(
+          'input_fn must be a callable taking an InputContext, got {!r}.'
+          .format(input_fn))
+    return self._extended._make_input_fn_iterator(input_fn)  # pylint: disable=protected-access
+
+  def experimental_make_numpy_iterator(self, numpy_input, batch_size,
+                                       num_epochs=1, shuffle=1024,
+                                       session=None):
+    """An iterator over global batches of in-memory NumPy data.
+
+    Args:
+      numpy_input: a nest of NumPy arrays with one first dimension.
+      batch_size: the global batch size (divisible by the replica count);
+        an incomplete last batch is dropped.
+      num_epochs: how many passes over the data (None: forever).
+      shuffle: shuffle buffer size; None or 0 for no shuffling.
+      session: optional `tf.Session`. When given, the arrays are loaded into
+        the graph through variables initialized in that session (instead of
+        being embedded as constants).
+
+    Returns:
+      An iterator as in `make_dataset_iterator`.
+
+    Raises:
+      InvalidArgumentError: if `batch_size` is not a positive multiple of the
+        number of replicas, or the arrays have different lengths.
+    """
+    check_int('batch_size', batch_size, 1)
+    InputContext(num_replicas_in_sync=self.num_replicas_in_sync
+                ).get_per_replica_batch_size(batch_size)
+    dataset = input_lib.numpy_dataset(numpy_input, session)
+    if shuffle:
+      dataset = dataset.shuffle(shuffle)
+    dataset = dataset.repeat(num_epochs)
+    dataset = dataset.batch(batch_size, drop_remainder=True)
+    return self.make_dataset_iterator(dataset)
+
+  def experimental_run(self, fn, input_iterator=None):
+    """Runs `fn(inputs)` on each replica with its share of the next batch.
+
+    Args:
+      fn: the function to replicate.
+      input_iterator: an iterator from `make_dataset_iterator` or
+        `make_input_fn_iterator`; None calls `fn()` without inputs.
+
+    Returns:
+      What `fn` returned, with per-replica leaves (`PerReplica`).
+
+    Raises:
+      ContextError: as `call_for_each_replica`.
+    """
+    with self.scope():
+      args = (input_iterator.get_next(),) if input_iterator is not None else ()
+      return self._extended.call_for_each_replica(fn, args=args)
+
+  def experimental_run_v2(self, fn, args=(), kwargs=None):
+    """Runs `fn(*args, **kwargs)` on each replica.
+
+    Args:
+      fn: the function to replicate.
+      args: positional arguments; `PerReplica` leaves are split by replica.
+      kwargs: keyword arguments, likewise.
+
+    Returns:
+      What `fn` returned, with per-replica leaves.
+
+    Raises:
+      ContextError: as `call_for_each_replica`.
+    """
+    with self.scope():
+      return self._extended.call_for_each_replica(fn, args=args, kwargs=kwargs)
+
+  def reduce(self, reduce_op, value):
+    """Reduces a per-replica `value` to one tensor (on the host).
+
+    Args:
+      reduce_op: `ReduceOp.SUM` / `MEAN` (or `tf.VariableAggregation`).
+      value: a per-replica value (e.g. from `experimental_run`), or a single
+        tensor (MEAN gives it back; SUM needs one replica).
+
+    Returns:
+      A tensor.
+
+    Raises:
+      ContextError: inside a replica.
+      InvalidArgumentError: for another reduce op, or SUM of a plain value
+        over several replicas.
+    """
+    require_cross_replica_or_default_context(self._extended, 'reduce')
+    reduce_op = reduce_util.as_reduce_op(reduce_op)
+    return self._extended._reduce(reduce_op, value)  # pylint: disable=protected-access
+
+  def unwrap(self, value):
+    """The per-replica components of `value`, as a tuple.
+
+    Args:
+      value: a `PerReplica` / `Mirrored` value (or mirrored variable), or a
+        plain value.
+
+    Returns:
+      The components in replica order; `(value,)` for a plain value.
+    """
+    return self._extended._local_results(value)  # pylint: disable=protected-access
+
+  def experimental_local_results(self, value):
+    """Same as `unwrap`."""
+    return self.unwrap(value)
+
+  def group(self, value, name=None):
+    """One op running every component of every leaf of `value`.
+
+    Args:
+      value: a nest of per-replica values, tensors or ops.
+      name: the name of the grouping op.
+
+    Returns:
+      A `tf.Operation`.
+    """
+    components = []
+    for leaf in tf.nest.flatten(value):
+      components.extend(c for c in self.unwrap(leaf) if c is not None)
+    return tf.group(*components, name=name)
+
+  def configure(self, session_config=None, cluster_spec=None, task_type=None,
+                task_id=None):
+    """Configures the strategy for a session config and cluster.
+
+    Args:
+      session_config: a `ConfigProto` the sessions will use.
+      cluster_spec: the cluster (multi-worker strategies only).
+      task_type: this task's job name (multi-worker strategies only).
+      task_id: this task's index (multi-worker strategies only).
+
+    Raises:
+      InvalidArgumentError: for cluster arguments given to a local strategy.
+    """
+    self._extended._configure(session_config, cluster_spec, task_type,  # pylint: disable=protected-access
+                              task_id)
+
+  def update_config_proto(self, config_proto):
+    """A copy of `config_proto` with what this strategy needs set.
+
+    Args:
+      config_proto: a `tf.compat.v1.ConfigProto`.
+
+    Returns:
+      A new `ConfigProto`; the argument is not modified.
+
+    Raises:
+      InvalidTypeError: if `config_proto` is not a `ConfigProto`.
+    """
+    if not isinstance(config_proto, tf1.ConfigProto):
+      raise errors.InvalidTypeError(
+          'update_config_proto needs a tf.compat.v1.ConfigProto, got {!r}.'
+          .format(config_proto))
+    return self._extended._update_config_proto(config_proto)  # pylint: disable=protected-access
+
+  def __copy__(self):
+    raise errors.ContextError(
+        'A {} cannot be shallow-copied: the copy would share its extended '
+        'state with the original. Use copy.deepcopy(strategy).'.format(
+            type(self).__name__))
+
+  def __deepcopy__(self, memo):
+    result = type(self).__new__(type(self))
+    memo[id(self)] = result
+    for key, value in self.__dict__.items():
+      setattr(result, key, copy.deepcopy(value, memo))
+    return result
+
+
+DistributionStrategy = Strategy
+
+

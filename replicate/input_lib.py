@@ -1,0 +1,302 @@
+"""Input iterators for strategies, and the multi-step loop.
+
+`DatasetIterator` splits each global batch of a dataset along dimension 0,
+one slice per replica device, in device order. `InputFunctionIterator` calls
+`input_fn(InputContext)` once (one worker) and gives replicas successive
+elements of the dataset it returns, in replica order.
+"""
+import numpy as np
+import tensorflow as tf
+
+from replicate import distribute_context
+from replicate import errors
+from replicate import values as values_lib
+from replicate._compat import tf1
+
+
+def _check_dataset(dataset, what):
+  if not isinstance(dataset, tf.data.Dataset):
+    raise errors.InvalidTypeError(
+        '{} must be a tf.data.Dataset, got {!r} of type {}.'.format(
+            what, dataset, type(dataset).__name__))
+
+
+class _IteratorBase(object):
+  """An initializable iterator over a dataset, placed on the host."""
+
+  def __init__(self, dataset, devices):
+    self._devices = tuple(devices) if devices is not None else None
+    self._iterator = tf1.data.make_initializable_iterator(dataset)
+
+  def initialize(self):
+    """The ops to run (once, and again to restart) before `get_next`.
+
+    Returns:
+      A list of ops.
+    """
+    return [self._iterator.initializer]
+
+  @property
+  def output_types(self):
+    """The dtypes of one element of the underlying dataset."""
+    return tf1.data.get_output_types(self._iterator)
+
+  @property
+  def output_shapes(self):
+    """The shapes of one element of the underlying dataset."""
+    return tf1.data.get_output_shapes(self._iterator)
+
+
+class DatasetIterator(_IteratorBase):
+  """Splits each global batch of a dataset into one slice per replica."""
+
+  def __init__(self, dataset, devices):
+    """Builds the iterator.
+
+    Args:
+      dataset: a `tf.data.Dataset` of global batches.
+      devices: the replica devices, or None for one replica (no splitting,
+        plain values).
+
+    Raises:
+      InvalidTypeError: if `dataset` is not a dataset.
+    """
+    _check_dataset(dataset, 'dataset')
+    super(DatasetIterator, self).__init__(dataset, devices)
+
+  def get_next(self, name=None):
+    """The next global batch, split along dimension 0.
+
+    Args:
+      name: an optional name for the `get_next` op.
+
+    Returns:
+      The element's structure with `PerReplica` leaves (replica i gets rows
+      `[i * b, (i + 1) * b)` of a global batch of `n * b` rows); plain
+      tensors with one replica.
+
+    Raises:
+      InvalidArgumentError: if a static batch dimension is not divisible by
+        the number of replicas (a dynamic one is checked when run).
+    """
+    element = self._iterator.get_next(name=name)
+    if self._devices is None:
+      return element
+    num = len(self._devices)
+    splits = [split_batch(t, num) for t in tf.nest.flatten(element)]
+    leaves = []
+    for pieces in splits:
+      index = {}
+      for device, piece in zip(self._devices, pieces):
+        with tf.device(device):
+          index[device] = tf.identity(piece)
+      leaves.append(values_lib.PerReplica(index))
+    return tf.nest.pack_sequence_as(element, leaves)
+
+
+def split_batch(tensor, num):
+  """Splits `tensor` along dimension 0 into `num` equal pieces.
+
+  Args:
+    tensor: a tensor with a batch dimension.
+    num: the number of pieces.
+
+  Returns:
+    A list of `num` tensors.
+
+  Raises:
+    InvalidArgumentError: if the static batch size is not divisible by `num`,
+      or the tensor is a scalar.
+  """
+  if tensor.shape.ndims == 0:
+    raise errors.InvalidArgumentError(
+        'Cannot split the scalar input {} among {} replicas; the dataset must '
+        'yield batches (dimension 0 is the batch).'.format(tensor.name, num))
+  batch = tf.compat.dimension_value(tensor.shape[0]) if (
+      tensor.shape.ndims is not None) else None
+  if batch is not None:
+    if batch % num:
+      raise errors.InvalidArgumentError(
+          'The global batch size ({}) of input {} is not divisible by the '
+          'number of replicas ({}); batch the dataset with a multiple of {} '
+          '(drop_remainder=True keeps the last batch full).'.format(
+              batch, tensor.name, num, num))
+    return tf.split(tensor, num, axis=0)
+  rows = tf.shape(tensor)[0]
+  check = tf1.assert_equal(
+      rows % num, 0, message=(
+          'The global batch size of input {} is not divisible by the number '
+          'of replicas ({}); batch the dataset with a multiple of {} '
+          '(drop_remainder=True keeps the last batch full). Batch size:'
+          .format(tensor.name, num, num)), data=[rows])
+  with tf.control_dependencies([check]):
+    tensor = tf.identity(tensor)
+  return tf.split(tensor, num, axis=0)
+
+
+class InputFunctionIterator(_IteratorBase):
+  """Replicas take successive elements of the dataset `input_fn` returns."""
+
+  def __init__(self, input_fn, devices):
+    """Calls `input_fn(InputContext)` and builds the iterator.
+
+    Args:
+      input_fn: a callable taking an `InputContext`, returning a dataset of
+        per-replica batches.
+      devices: the replica devices, or None for one replica.
+
+    Raises:
+      InvalidTypeError: if `input_fn` does not return a dataset.
+    """
+    from replicate import distribute_lib  # pylint: disable=g-import-not-at-top
+    num = len(devices) if devices is not None else 1
+    context = distribute_lib.InputContext(
+        num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=num)
+    dataset = input_fn(context)
+    _check_dataset(dataset, 'The value returned by input_fn')
+    super(InputFunctionIterator, self).__init__(dataset, devices)
+
+  def get_next(self, name=None):
+    """The next element for each replica.
+
+    Replica i gets the i-th of `num_replicas` successive elements; the reads
+    are chained so that this order holds in every run.
+
+    Args:
+      name: an optional name prefix.
+
+    Returns:
+      The element's structure with `PerReplica` leaves; plain tensors with
+      one replica.
+    """
+    if self._devices is None:
+      return self._iterator.get_next(name=name)
+    per_device = {}
+    previous = []
+    for i, device in enumerate(self._devices):
+      with tf.control_dependencies(previous):
+        element = self._iterator.get_next(
+            name=None if name is None else '{}_{}'.format(name, i))
+      with tf.device(device):
+        element = tf.nest.map_structure(tf.identity, element)
+      per_device[device] = element
+      previous = tf.nest.flatten(element)
+    return values_lib.regroup(per_device, values_lib.PerReplica)
+
+
+def numpy_dataset(numpy_input, session=None):
+  """A dataset of the rows of a nest of NumPy arrays.
+
+  Args:
+    numpy_input: a nest of NumPy arrays (or lists) with one first dimension.
+    session: None to embed the arrays as constants; a `tf.Session` to load
+      them into (non-trainable, collection-free) variables initialized in that
+      session right away, keeping the graph small.
+
+  Returns:
+    A `tf.data.Dataset` of rows.
+
+  Raises:
+    InvalidArgumentError: if the arrays have different lengths or are scalars.
+  """
+  arrays = [np.asarray(a) for a in tf.nest.flatten(numpy_input)]
+  lengths = set(a.shape[0] if a.ndim else None for a in arrays)
+  if None in lengths or len(lengths) != 1:
+    raise errors.InvalidArgumentError(
+        'The NumPy inputs must all have the same first dimension (the '
+        'examples), got shapes {}.'.format([a.shape for a in arrays]))
+  if session is not None:
+    tensors = []
+    with distribute_context.unmirrored_variables():
+      for array in arrays:
+        placeholder = tf1.placeholder(array.dtype, array.shape)
+        variable = tf1.Variable(placeholder, trainable=False, collections=[],
+                                name='numpy_input')
+        session.run(variable.initializer, feed_dict={placeholder: array})
+        tensors.append(variable.value())
+    arrays = tensors
+  return tf.data.Dataset.from_tensor_slices(
+      tf.nest.pack_sequence_as(numpy_input, arrays))
+
+
+class MultiStepContext(object):
+  """Collects the outputs of `experimental_run_steps_on_iterator`'s steps."""
+
+  def __init__(self):
+    self._last_step_outputs = {}
+    self._reduce_ops = {}
+    self._non_tensor_outputs = {}
+    self.run_op = None
+
+  def set_last_step_output(self, name, output, reduce_op=None):
+    """Records `output` under `name`; after the loop it holds the last step's.
+
+    Args:
+      name: the output's key (also a key of `initial_loop_values`).
+      output: a tensor, or a per-replica value when `reduce_op` is given.
+      reduce_op: None to keep `output` as is (it must then be one tensor);
+        `ReduceOp.SUM` / `MEAN` to reduce a per-replica value first.
+
+    Raises:
+      InvalidTypeError: if `output` is per-replica and `reduce_op` is None.
+    """
+    if reduce_op is not None:
+      output = distribute_context.get_strategy().reduce(reduce_op, output)
+    elif isinstance(output, values_lib.DistributedValues):
+      raise errors.InvalidTypeError(
+          'set_last_step_output({!r}) got a per-replica value without a '
+          'reduce_op; loop outputs must be single tensors. Pass reduce_op='
+          'ReduceOp.SUM or MEAN.'.format(name))
+    self._last_step_outputs[name] = output
+    self._reduce_ops[name] = reduce_op
+
+  def set_non_tensor_output(self, name, output):
+    """Records a Python value produced while building the step."""
+    self._non_tensor_outputs[name] = output
+
+  @property
+  def last_step_outputs(self):
+    """A dict name -> the tensor of the last step."""
+    return self._last_step_outputs
+
+  @property
+  def non_tensor_outputs(self):
+    """A dict name -> the Python values recorded while building."""
+    return self._non_tensor_outputs
+
+
+def run_steps_on_iterator(strategy, fn, iterator, iterations,
+                          initial_loop_values):
+  """See `StrategyExtended.experimental_run_steps_on_iterator`.
+
+  Raises:
+    InvalidArgumentError: if `fn` records an output that has no initial value.
+  """
+  initial = dict(initial_loop_values or {})
+  names = sorted(initial)
+  context = MultiStepContext()
+
+  def body(step, *loop_values):
+    context._last_step_outputs = dict(zip(names, loop_values))  # pylint: disable=protected-access
+    result = fn(context, iterator.get_next())
+    outputs = context.last_step_outputs
+    if sorted(outputs) != names:
+      raise errors.InvalidArgumentError(
+          'The step function recorded outputs {} but initial_loop_values has '
+          '{}; give an initial value for every output the step records.'
+          .format(sorted(outputs), names))
+    dependencies = [op for op in tf.nest.flatten(result) if op is not None]
+    with tf.control_dependencies(dependencies):
+      new_values = [tf.identity(outputs[n]) for n in names]
+      return [step + 1] + new_values
+
+  with tf1.name_scope('run_steps'):
+    loop = tf1.while_loop(
+        lambda step, *unused: step < iterations, body,
+        [tf.constant(0)] + [tf.convert_to_tensor(initial[n]) for n in names],
+        parallel_iterations=1)
+  loop = loop if isinstance(loop, (list, tuple)) else [loop]
+  context._last_step_outputs = dict(zip(names, loop[1:]))  # pylint: disable=protected-access
+  context.run_op = tf.group(*loop)
+  del strategy  # The strategy's scope is entered by the caller.
+  return context

@@ -1,0 +1,343 @@
+"""`call_for_each_replica` for mirrored strategies: one thread per replica.
+
+The calling (main) thread drives the replica threads one at a time: it lets
+replica 0 run until it finishes or reaches `merge_call`, then replica 1, and
+so on. When every replica has paused in `merge_call`, the main thread runs the
+merge function once, in cross-replica context, hands each replica its share of
+the result, and starts the next round. Running one thread at a time keeps
+graph construction deterministic (same op names and order on every run) and
+keeps TensorFlow's graph-wide state (variable scopes, gradient override maps)
+consistent.
+
+Nothing can deadlock on the library's side: a replica that raises, or
+replicas that call `merge_call` a different number of times, stop the run;
+every other replica is released with an abort signal and joined, and the
+error is raised in the calling thread.
+"""
+import contextlib
+import sys
+import threading
+
+from absl import logging
+import six
+import tensorflow as tf
+
+from replicate import distribute_context
+from replicate import replica_context
+from replicate import errors
+from replicate import values as values_lib
+from replicate._compat import tf1
+
+# How long the main thread waits for an aborted replica thread to exit before
+# giving up on it (it is a daemon thread, so it cannot keep the process alive).
+_JOIN_TIMEOUT_S = 30.0
+
+
+class _Aborted(Exception):
+  """Raised inside a paused replica thread when the run is stopped."""
+
+
+class _Run(object):
+  """State shared by the main thread and the replica threads of one call."""
+
+  def __init__(self):
+    self.aborted = False
+    # Variables created by replica 0, by requested name, in creation order;
+    # replicas > 0 get these instead of creating their own.
+    self.created = {}
+    # (replica id, name) -> how many of replica 0's variables of that name
+    # the replica has taken so far.
+    self.taken = {}
+
+
+class _ReplicaThread(threading.Thread):
+  """Runs `fn` for one replica; pauses at each `merge_call`."""
+
+  def __init__(self, run, strategy, replica_id, device, fn, args, kwargs,
+               creator):
+    super(_ReplicaThread, self).__init__(
+        name='replicate_replica_{}'.format(replica_id))
+    self.daemon = True
+    self.run_state = run
+    self.strategy = strategy
+    self.replica_id = replica_id
+    self.device = device
+    self.fn, self.args, self.kwargs = fn, args, kwargs
+    self.creator = creator
+    self.graph = tf1.get_default_graph()
+    # The graph `tf.init_scope` lifts variable creation to: the caller's
+    # outermost graph, e.g. the graph around a TF 2 `while_loop` body.
+    with tf1.init_scope():
+      self.init_graph = tf1.get_default_graph()
+    name_scope = self.graph.get_name_scope()
+    if replica_id > 0:
+      name_scope = (name_scope + '/' if name_scope else '') + (
+          'replica_{}'.format(replica_id))
+    self.name_scope = name_scope + '/' if name_scope else ''
+    self.var_scope = tf1.get_variable_scope()
+    self.should_run = threading.Event()
+    self.has_paused = threading.Event()
+    self.done = False
+    self.result = None
+    self.exc_info = None
+    self.merge_fn = None
+    self.merge_args = None
+    self.merge_kwargs = None
+    self.merge_result = None
+    self.merge_calls = 0
+    self.captured_name_scope = ''
+    self.captured_var_scope = None
+    self.resume_scopes = None
+
+  def run(self):
+    self.should_run.wait()
+    self.should_run.clear()
+    try:
+      if self.run_state.aborted:
+        return
+      context = MirroredReplicaContext(self.strategy, self.replica_id, self)
+      with self.init_graph.as_default(), \
+          self.graph.as_default(), \
+          self.graph.colocate_with(None, ignore_existing=True), \
+          context, \
+          tf.device(self.device), \
+          self.graph.name_scope(self.name_scope), \
+          tf1.variable_scope(self.var_scope,
+                             reuse=True if self.replica_id > 0 else None,
+                             auxiliary_name_scope=False), \
+          tf1.variable_creator_scope(self.creator), \
+          contextlib.ExitStack() as resume_scopes:
+        self.resume_scopes = resume_scopes
+        self.result = self.fn(*self.args, **self.kwargs)
+        self.done = True
+    except _Aborted:
+      pass
+    except BaseException:  # pylint: disable=broad-except
+      self.exc_info = sys.exc_info()
+    finally:
+      self.has_paused.set()
+
+  def pause_for_merge(self, merge_fn, args, kwargs):
+    """Called by this thread's replica context: waits for the merge result."""
+    self.merge_fn, self.merge_args, self.merge_kwargs = merge_fn, args, kwargs
+    self.captured_name_scope = self.graph.get_name_scope()
+    if self.captured_name_scope:
+      self.captured_name_scope += '/'
+    self.captured_var_scope = tf1.get_variable_scope()
+    self.merge_calls += 1
+    self.has_paused.set()
+    self.should_run.wait()
+    self.should_run.clear()
+    if self.run_state.aborted:
+      raise _Aborted()
+    # The variable scope is graph-wide state other replicas changed while
+    # this one was paused: set it back to this replica's.
+    self.resume_scopes.enter_context(tf1.variable_scope(
+        self.captured_var_scope, auxiliary_name_scope=False))
+    result, self.merge_result = self.merge_result, None
+    return result
+
+
+class MirroredReplicaContext(replica_context.ReplicaContext):
+  """The replica context of one thread of a mirrored `call_for_each_replica`."""
+
+  def __init__(self, strategy, replica_id_in_sync_group, thread):
+    super(MirroredReplicaContext, self).__init__(strategy,
+                                                 replica_id_in_sync_group)
+    self._thread = thread
+
+  def _merge_call(self, merge_fn, args, kwargs):
+    if threading.current_thread() is not self._thread:
+      raise errors.ContextError(
+          'merge_call of replica {} was called from thread {!r}, not from '
+          'the thread running that replica. Call merge_call from the '
+          'function given to call_for_each_replica itself.'.format(
+              self.replica_id_in_sync_group, threading.current_thread().name))
+    return self._thread.pause_for_merge(merge_fn, args, kwargs)
+
+  def _all_reduce(self, reduce_op, value):
+    # A fresh tensor per replica, even for a tensor built outside the
+    # replicas: merge_call must see one value per replica to reduce.
+    with tf.device(self._thread.device):
+      flat = [tf.identity(v) for v in tf.nest.flatten(value)]
+    if not flat:
+      return value
+    context = self
+
+    @tf.custom_gradient
+    def all_reduce(*tensors):
+      def grad(*upstream):
+        # d(sum_j x_j)/dx_i = 1 for every j: each input gets the all-sum of
+        # the output gradients (the all-mean for MEAN, which scales by 1/n).
+        return context._all_reduce_values(reduce_op, list(upstream))  # pylint: disable=protected-access
+      return context._all_reduce_values(reduce_op, list(tensors)), grad  # pylint: disable=protected-access
+
+    reduced = all_reduce(*flat)
+    if not isinstance(reduced, (list, tuple)):
+      reduced = [reduced]
+    return tf.nest.pack_sequence_as(value, list(reduced))
+
+  def _all_reduce_values(self, reduce_op, tensors):
+    def merge_fn(strategy, per_replica):
+      return strategy.extended.batch_reduce_to(
+          reduce_op, [(v, v) for v in per_replica])
+    return list(self.merge_call(merge_fn, args=(tensors,)))
+
+
+def _is_plain_python(value):
+  return value is None or isinstance(
+      value, six.string_types + six.integer_types + (float, bool))
+
+
+def regroup(devices, structures):
+  """Merges one nest per replica into one nest of per-replica leaves.
+
+  A leaf that is the same object on every replica (a mirrored variable, an
+  optimizer, a tensor built outside the replicas) or an equal Python value
+  stays as it is; a leaf that differs between replicas becomes `PerReplica`.
+
+  Args:
+    devices: the replica devices, in replica order.
+    structures: one nest per replica, all of the same structure.
+
+  Returns:
+    The merged nest.
+
+  Raises:
+    InvalidArgumentError: if the structures differ.
+  """
+  first = structures[0]
+  try:
+    for other in structures[1:]:
+      tf.nest.assert_same_structure(first, other)
+  except (ValueError, TypeError) as e:
+    raise errors.InvalidArgumentError(
+        'Replicas produced values of different structures ({}); every '
+        'replica must return (or pass to merge_call) the same structure.'
+        .format(e))
+  flats = [tf.nest.flatten(s) for s in structures]
+  leaves = []
+  for column in zip(*flats):
+    same = all(c is column[0] for c in column)
+    if not same and _is_plain_python(column[0]):
+      same = all(_is_plain_python(c) and c == column[0] for c in column)
+    if same:
+      leaves.append(column[0])
+    else:
+      leaves.append(values_lib.PerReplica(dict(zip(devices, column))))
+  return tf.nest.pack_sequence_as(first, leaves)
+
+
+def select_replica(device, structure, keep=()):
+  """A replica's share of a merge result: distributed leaves on `device`.
+
+  Args:
+    device: the replica's device.
+    structure: a nest.
+    keep: types of `DistributedValues` handed over whole (mirrored
+      variables, which pick their copy themselves).
+
+  Returns:
+    The nest with each other `DistributedValues` replaced by its value there.
+  """
+  def select(leaf):
+    if isinstance(leaf, keep):
+      return leaf
+    if isinstance(leaf, values_lib.DistributedValues):
+      return leaf.get(device)
+    return leaf
+  return tf.nest.map_structure(select, structure)
+
+
+def call_for_each_replica(strategy, devices, fn, args, kwargs, make_creator,
+                          keep=()):
+  """Runs `fn` once per device, one thread each; see the module docstring.
+
+  Args:
+    strategy: the `Strategy`.
+    devices: the replica devices (canonical strings), in replica order.
+    fn: the function to replicate.
+    args: a tuple of arguments; distributed leaves are split by replica.
+    kwargs: a dict of keyword arguments, likewise.
+    make_creator: `make_creator(run)` returns the variable creator each
+      replica thread enters (it shares variables through `run.created`).
+    keep: see `select_replica`.
+
+  Returns:
+    `fn`'s results regrouped (see `regroup`).
+
+  Raises:
+    ContextError: in eager mode, or if replicas call `merge_call` a
+      different number of times.
+    Any exception `fn` or a merge function raises.
+  """
+  if tf.executing_eagerly():
+    raise errors.ContextError(
+        'call_for_each_replica of a mirrored strategy builds graphs; it was '
+        'called eagerly. Call it inside `with tf.Graph().as_default():`.')
+  graph = tf1.get_default_graph()
+  # Replica threads need their own device, colocation and control-dependency
+  # stacks (TF 2.x graphs have them already).
+  graph.switch_to_thread_local()
+  run = _Run()
+  creator = make_creator(run)
+  threads = [
+      _ReplicaThread(run, strategy, i, device, fn,
+                     select_replica(device, args, keep),
+                     select_replica(device, kwargs, keep), creator)
+      for i, device in enumerate(devices)]
+  for t in threads:
+    t.start()
+  finished = False
+  try:
+    # Entering the caller's variable scope here restores it on exit, after
+    # replica threads have set the graph-wide scope to theirs.
+    with tf1.variable_scope(tf1.get_variable_scope(),
+                            auxiliary_name_scope=False):
+      while True:
+        for t in threads:
+          t.should_run.set()
+          t.has_paused.wait()
+          t.has_paused.clear()
+          if t.exc_info is not None:
+            six.reraise(*t.exc_info)
+        if all(t.done for t in threads):
+          break
+        if any(t.done for t in threads):
+          raise errors.ContextError(
+              'Replicas called merge_call a different number of times ({}); '
+              'every replica must reach the same merge_calls in the same '
+              'order. Avoid merge_call under replica-dependent Python '
+              'conditions.'.format(', '.join(
+                  'replica {}: {}'.format(t.replica_id, t.merge_calls)
+                  for t in threads)))
+        _merge(strategy, devices, threads, keep)
+    finished = True
+  finally:
+    if not finished:
+      run.aborted = True
+    for t in threads:
+      t.should_run.set()
+    for t in threads:
+      t.join(_JOIN_TIMEOUT_S)
+      if t.is_alive():
+        logging.warning(
+            'Replica thread %s did not stop within %.0f s after the run was '
+            'aborted; it is left running as a daemon thread.', t.name,
+            _JOIN_TIMEOUT_S)
+  return regroup(devices, [t.result for t in threads])
+
+
+def _merge(strategy, devices, threads, keep):
+  """Runs the paused replicas' merge function once; hands out its result."""
+  merge_args = regroup(devices, [t.merge_args for t in threads])
+  merge_kwargs = regroup(devices, [t.merge_kwargs for t in threads])
+  first = threads[0]
+  graph = first.graph
+  with graph.name_scope(first.captured_name_scope), \
+      tf1.variable_scope(first.captured_var_scope,
+                         auxiliary_name_scope=False), \
+      distribute_context.push_cross_replica(strategy):
+    result = first.merge_fn(strategy, *merge_args, **merge_kwargs)
+  for device, t in zip(devices, threads):
+    t.merge_result = select_replica(device, result, keep)

@@ -1,0 +1,443 @@
+"""`MirroredStrategy`: synchronous data parallelism over the local devices.
+
+Every variable created in the strategy's scope is mirrored (one copy per
+device). `call_for_each_replica` builds the replica function once per device
+(see `mirrored_run`); `reduce_to` / `batch_reduce_to` combine per-replica
+values through a `CrossTowerOps` (by default `choose_the_best(devices)`).
+
+Loss rule (as in TF 1.14): each replica scales its loss to the *global*
+batch (e.g. divides its summed loss by the global batch size); gradients are
+then summed across replicas, never averaged a second time.
+"""
+import functools
+
+import six
+import tensorflow as tf
+
+from replicate import cross_tower_ops as cross_tower_ops_lib
+from replicate import device_util
+from replicate import distribute_context
+from replicate import distribute_lib
+from replicate import errors
+from replicate import input_lib
+from replicate import mirrored_run
+from replicate import strategy_extended
+from replicate import values as values_lib
+from replicate import _compat
+from replicate._compat import tf1
+from replicate.mirrored_values import MirroredVariable
+from replicate.reduce_util import ReduceOp
+
+
+def _default_devices():
+  return _compat.local_gpu_devices() or ['/device:CPU:0']
+
+
+def _check_devices(devices):
+  if isinstance(devices, six.string_types) or not isinstance(
+      devices, (list, tuple)):
+    raise errors.InvalidTypeError(
+        'devices must be a list of device strings, got {!r}.'.format(devices))
+  if not devices:
+    raise errors.InvalidArgumentError(
+        'devices is empty; pass at least one device, or None for all local '
+        'GPUs (else the CPU).')
+  canonical = device_util.canonicalize_all(devices)
+  if len(set(canonical)) != len(canonical):
+    raise errors.InvalidArgumentError(
+        'devices {} name the same device more than once; give each device '
+        'once.'.format(list(devices)))
+  return canonical
+
+
+class MirroredExtended(distribute_lib.StrategyExtended):
+  """The device-level half of `MirroredStrategy`."""
+
+  # Bookkeeping of variables made in one graph; a deep copy starts empty.
+  _NOT_DEEPCOPIED = ('_containers', '_plain_variables')
+
+  def __init__(self, container_strategy, devices, cross_tower_ops):
+    super(MirroredExtended, self).__init__(container_strategy)
+    self._devices = devices
+    self._given_cross_tower_ops = cross_tower_ops
+    self._chosen_cross_tower_ops = None
+    self._session_config = None
+    # id(copy) -> its MirroredVariable; the copies stay alive as long as the
+    # container, which this dict holds, so ids are never reused.
+    self._containers = {}
+    # id(variable) -> variable, for plain variables created in scope.
+    self._plain_variables = {}
+
+  # Variables.
+
+  def _scope_extras(self):
+    return tf1.variable_creator_scope(self._make_creator(None))
+
+  def _make_creator(self, run):
+    def creator(next_creator, **kwargs):
+      return self._create_variable(run, next_creator, kwargs)
+    return creator
+
+  def _create_variable(self, run, next_creator, kwargs):
+    """Creates a mirrored variable, or a plain one where mirroring is wrong."""
+    update_device = distribute_context.get_update_device()
+    if (distribute_context.creating_unmirrored_variables() or
+        update_device is not None):
+      # Optimizer slots and the like: one variable, next to what is updated.
+      variable = next_creator(**kwargs)
+      self._plain_variables[id(variable)] = variable
+      return variable
+    replica = distribute_context.get_replica_context()
+    name = kwargs.get('name')
+    if run is not None and replica is not None and (
+        replica.replica_id_in_sync_group > 0):
+      return self._shared_variable(run, replica.replica_id_in_sync_group, name)
+    variable = self._create_mirrored(next_creator, kwargs)
+    if run is not None:
+      run.created.setdefault(name, []).append(variable)
+    return variable
+
+  def _shared_variable(self, run, replica_id, name):
+    """Replica `replica_id`'s request for the next variable named `name`."""
+    taken = run.taken
+    key = (replica_id, name)
+    index = taken.get(key, 0)
+    created = run.created.get(name, [])
+    if index >= len(created):
+      raise errors.ContextError(
+          'Replica {} created variable {!r} (number {} of that name) but '
+          'replica 0 created only {}. Every replica must create the same '
+          'variables in the same order.'.format(replica_id, name, index + 1,
+                                                len(created)))
+    taken[key] = index + 1
+    return created[index]
+
+  def _create_mirrored(self, next_creator, kwargs):
+    kwargs = dict(kwargs)
+    collections = kwargs.get('collections')
+    collections = list(collections) if collections is not None else [
+        tf1.GraphKeys.GLOBAL_VARIABLES]
+    trainable = kwargs.get('trainable')
+    if trainable is None:
+      trainable = (kwargs.get('synchronization') !=
+                   tf.VariableSynchronization.ON_READ)
+    if trainable and tf1.GraphKeys.TRAINABLE_VARIABLES not in collections:
+      collections.append(tf1.GraphKeys.TRAINABLE_VARIABLES)
+    # Copies are resource variables (so a replica's gradient flows to its
+    # copy's handle) and are kept out of collections: the MirroredVariable
+    # goes there instead.
+    kwargs['collections'] = []
+    kwargs['use_resource'] = True
+    index = {}
+    primary = None
+    with tf1.get_default_graph().colocate_with(None, ignore_existing=True):
+      for i, device in enumerate(self._devices):
+        with tf.device(device):
+          if primary is None:
+            primary = next_creator(**kwargs)
+            index[device] = primary
+            continue
+          copy_kwargs = dict(kwargs)
+          copy_kwargs['name'] = '{}/replica_{}/'.format(primary.op.name, i)
+          copy_kwargs['initial_value'] = _initial_value_of(primary)
+          index[device] = next_creator(**copy_kwargs)
+    mirrored = MirroredVariable(self._container_strategy(), index)
+    copy_ids = set(id(copy) for copy in mirrored.values)
+    for copy in mirrored.values:
+      self._containers[id(copy)] = mirrored
+    # A trainable resource variable adds itself to TRAINABLE_VARIABLES even
+    # with collections=[]; take the copies out again.
+    trainables = tf1.get_collection_ref(tf1.GraphKeys.TRAINABLE_VARIABLES)
+    trainables[:] = [v for v in trainables if id(v) not in copy_ids]
+    tf1.add_to_collections(collections, mirrored)
+    return mirrored
+
+  def _colocate_vars_with(self, colocate_with_variable):
+    if isinstance(colocate_with_variable, MirroredVariable):
+      return strategy_extended.null_context()
+
+    def creator(next_creator, **kwargs):
+      with distribute_context.unmirrored_variables(), \
+          tf1.get_default_graph().colocate_with(colocate_with_variable):
+        return next_creator(**kwargs)
+    return tf1.variable_creator_scope(creator)
+
+  def _variable_created_in_scope(self, v):
+    if isinstance(v, MirroredVariable):
+      return v.strategy is self._container_strategy()
+    return self._plain_variables.get(id(v)) is v
+
+  def _value_container(self, value):
+    return self._containers.get(id(value), value)
+
+  def _read_var(self, v):
+    if isinstance(v, MirroredVariable):
+      return tf.identity(v.primary)
+    return tf.identity(v)
+
+  # Replicas.
+
+  @property
+  def _num_replicas_in_sync(self):
+    return len(self._devices)
+
+  def _call_for_each_replica(self, fn, args, kwargs):
+    return mirrored_run.call_for_each_replica(
+        self._container_strategy(), self._devices, fn, args, kwargs,
+        self._make_creator, keep=(MirroredVariable,))
+
+  # Reductions.
+
+  @property
+  def _cross_tower_ops(self):
+    if self._given_cross_tower_ops is not None:
+      return self._given_cross_tower_ops
+    if self._chosen_cross_tower_ops is None:
+      self._chosen_cross_tower_ops = cross_tower_ops_lib.choose_the_best(
+          list(self._devices), session_config=self._session_config)
+    return self._chosen_cross_tower_ops
+
+  def _destinations(self, destinations):
+    if isinstance(destinations, MirroredVariable):
+      return list(destinations.devices)
+    return destinations
+
+  def _reduce_to(self, reduce_op, value, destinations):
+    destinations = self._destinations(destinations)
+    if not isinstance(value, values_lib.DistributedValues):
+      if reduce_op == ReduceOp.SUM and len(self._devices) > 1:
+        raise errors.InvalidArgumentError(
+            'Cannot SUM the single value {!r} over {} replicas: it is not '
+            'per-replica, so its replicas are unknown. Reduce a per-replica '
+            'value (e.g. from call_for_each_replica), or use MEAN.'.format(
+                value, len(self._devices)))
+      return self._cross_tower_ops.broadcast(value, destinations)
+    return self._cross_tower_ops.reduce(reduce_op, value, destinations)
+
+  def _batch_reduce_to(self, reduce_op, value_destination_pairs):
+    pairs = [(v, self._destinations(d)) for v, d in value_destination_pairs]
+    if all(isinstance(v, values_lib.DistributedValues) for v, _ in pairs):
+      return self._cross_tower_ops.batch_reduce(reduce_op, pairs)
+    return [self._reduce_to(reduce_op, v, d) for v, d in pairs]
+
+  def _reduce(self, reduce_op, value):
+    if not isinstance(value, values_lib.DistributedValues) and (
+        reduce_op == ReduceOp.MEAN or len(self._devices) == 1):
+      return value
+    host = device_util.canonicalize('/device:CPU:0')
+    return self._reduce_to(reduce_op, value, host).get(host)
+
+  def _broadcast_to(self, tensor, destinations):
+    return self._cross_tower_ops.broadcast(tensor,
+                                           self._destinations(destinations))
+
+  # Updates.
+
+  def _update(self, var, fn, args, kwargs, group):
+    if isinstance(var, MirroredVariable):
+      if var.strategy is not self._container_strategy():
+        raise errors.InvalidArgumentError(
+            'update got {!r}, a variable of another strategy; update it with '
+            'its own strategy.'.format(var))
+      pairs = list(zip(var.devices, var.values))
+    elif isinstance(var, tf.Variable):
+      device = device_util.resolve(var.device) or self._devices[0]
+      pairs = [(device, var)]
+    else:
+      raise errors.InvalidTypeError(
+          'update needs a variable, got {!r} of type {}.'.format(
+              var, type(var).__name__))
+    results = []
+    for i, (device, copy) in enumerate(pairs):
+      with tf.device(device), distribute_context.UpdateContext(device), \
+          tf1.name_scope('update_{}'.format(i)):
+        results.append(fn(copy, *self._select(device, args),
+                          **self._select(device, kwargs)))
+    return _regroup_updates(results, group)
+
+  def _non_slot_devices(self, var_list):
+    del var_list  # Every device holds a copy of every non-slot variable.
+    return self._devices
+
+  def _update_non_slot(self, colocate_with, fn, args, kwargs, group):
+    results = []
+    for i, device in enumerate(colocate_with):
+      with tf.device(device), distribute_context.UpdateContext(device), \
+          tf1.name_scope('update_{}'.format(i)):
+        results.append(fn(*self._select(device, args),
+                          **self._select(device, kwargs)))
+    return _regroup_updates(results, group)
+
+  def _select(self, device, structure):
+    return mirrored_run.select_replica(device, structure)
+
+  # Devices and input.
+
+  def _worker_devices(self):
+    return self._devices
+
+  def _parameter_devices(self):
+    return self._devices
+
+  def _local_results(self, value):
+    if isinstance(value, values_lib.DistributedValues):
+      return value.values
+    return (value,)
+
+  def _configure(self, session_config, cluster_spec, task_type, task_id):
+    super(MirroredExtended, self)._configure(session_config, cluster_spec,
+                                             task_type, task_id)
+    if session_config is not None:
+      self._session_config = session_config
+      self._chosen_cross_tower_ops = None
+
+  def _make_dataset_iterator(self, dataset):
+    return input_lib.DatasetIterator(dataset, devices=self._devices)
+
+  def _make_input_fn_iterator(self, input_fn):
+    return input_lib.InputFunctionIterator(input_fn, devices=self._devices)
+
+
+def _initial_value_of(primary):
+  def initial_value():
+    return tf.identity(primary.initial_value)
+  return initial_value
+
+
+def _regroup_updates(results, group):
+  """Per leaf of the update results: one grouped op, or the tuple of results."""
+  flats = [tf.nest.flatten(r) for r in results]
+  leaves = []
+  for column in zip(*flats):
+    present = [c for c in column if c is not None]
+    if not present:
+      leaves.append(None)
+    elif group:
+      leaves.append(tf.group(*present))
+    else:
+      leaves.append(tuple(column))
+  return tf.nest.pack_sequence_as(results[0], leaves)
+
+
+class MirroredStrategy(distribute_lib.Strategy):
+  """Synchronous training with one replica and one variable copy per device.
+
+  Example:
+
+      strategy = replicate.MirroredStrategy(['/cpu:0', '/cpu:1'])
+      with strategy.scope():
+        w = tf.compat.v1.get_variable('w', ...)      # mirrored
+        train_op = strategy.group(strategy.experimental_run(step, iterator))
+  """
+
+  def __init__(self, devices=None, cross_tower_ops=None):
+    """Builds the strategy.
+
+    Args:
+      devices: the local devices, one replica each; None for all local GPUs,
+        else the CPU.
+      cross_tower_ops: the `CrossTowerOps` combining replicas' values; None
+        for `cross_tower_ops.choose_the_best(devices)`.
+
+    Raises:
+      InvalidTypeError: if `devices` is not a list of strings, or
+        `cross_tower_ops` is not a `CrossTowerOps`.
+      InvalidArgumentError: if `devices` is empty or repeats a device.
+    """
+    devices = _check_devices(_default_devices() if devices is None
+                             else devices)
+    if cross_tower_ops is not None and not isinstance(
+        cross_tower_ops, cross_tower_ops_lib.CrossTowerOps):
+      raise errors.InvalidTypeError(
+          'cross_tower_ops must be a replicate.cross_tower_ops.CrossTowerOps '
+          '(e.g. ReductionToOneDeviceCrossTowerOps()), got {!r}.'.format(
+              cross_tower_ops))
+    super(MirroredStrategy, self).__init__(
+        MirroredExtended(self, devices, cross_tower_ops))
+
+
+def in_mirrored_replica():
+  """Whether the current context is a replica of a `MirroredStrategy`.
+
+  `TowerOptimizer` asks this to decide whether to gather gradients across
+  replicas (`apply_gradients_across_replicas`).
+
+  Returns:
+    A bool.
+  """
+  replica = distribute_context.get_replica_context()
+  return replica is not None and isinstance(replica.strategy, MirroredStrategy)
+
+
+def apply_gradients_across_replicas(optimizer, grads_and_vars,
+                                    global_step=None, name=None):
+  """Sums each variable's gradient over replicas and updates every copy.
+
+  Call it inside `call_for_each_replica` of a `MirroredStrategy`, once per
+  replica, with that replica's gradients (of a loss scaled to the global
+  batch). In one `merge_call`, the per-replica gradients are summed with
+  `batch_reduce_to` onto the variables' devices, and `optimizer` updates every
+  copy of every variable with the sum. All copies are updated by a single
+  `apply_gradients` call, so state the optimizer keeps once per step (Adam's
+  beta powers, the global step) advances once; slots are per copy.
+
+  Args:
+    optimizer: a `tf.compat.v1.train.Optimizer`.
+    grads_and_vars: this replica's `(gradient, variable)` pairs; variables are
+      mirrored variables of the current strategy.
+    global_step: optional variable incremented once per step, after the
+      updates.
+    name: optional name of the returned op.
+
+  Returns:
+    The op applying the update (the same op on every replica).
+
+  Raises:
+    ContextError: outside a replica context.
+    InvalidArgumentError: if no gradient is given, or a variable is not a
+      mirrored variable of the current strategy.
+  """
+  replica = distribute_context.get_replica_context()
+  if replica is None:
+    raise errors.ContextError(
+        'apply_gradients_across_replicas must be called in a replica context '
+        '(inside call_for_each_replica), not in a cross-replica context. In '
+        'cross-replica context call optimizer.apply_gradients on reduced '
+        'gradients instead.')
+  grads_and_vars = [tuple(pair) for pair in grads_and_vars]
+  # The optimizer travels in the merge function, not its arguments: replicas
+  # may each have built their own optimizer object (e.g. a model_fn called
+  # per replica); the first replica's one applies the update, as in TF.
+  return replica.merge_call(
+      functools.partial(_apply_merged, optimizer=optimizer),
+      args=(grads_and_vars, global_step, name))
+
+
+def _apply_merged(strategy, grads_and_vars, global_step, name, optimizer):
+  pairs = [(g, v) for g, v in grads_and_vars if g is not None]
+  if not pairs:
+    raise errors.InvalidArgumentError(
+        'No gradients were given for any of the variables {}; check that the '
+        'loss depends on them.'.format([v.name for _, v in grads_and_vars]))
+  for _, v in pairs:
+    if not (isinstance(v, MirroredVariable) and v.strategy is strategy):
+      raise errors.InvalidArgumentError(
+          'Variable {!r} is not a mirrored variable of the current strategy; '
+          'create the model variables inside strategy.scope() (or inside '
+          'call_for_each_replica).'.format(v))
+  summed = strategy.extended.batch_reduce_to(ReduceOp.SUM, pairs)
+  per_copy = []
+  for (_, v), reduced in zip(pairs, summed):
+    for device, copy in zip(v.devices, v.values):
+      per_copy.append((reduced.get(device), copy))
+  with distribute_context.unmirrored_variables():
+    apply_op = optimizer.apply_gradients(
+        per_copy, name=name if global_step is None else None)
+  if global_step is None:
+    return apply_op
+  with tf.control_dependencies([apply_op]):
+    if isinstance(global_step, MirroredVariable):
+      return strategy.extended.update(
+          global_step, lambda copy: copy.assign_add(1, read_value=False))
+    with tf1.get_default_graph().colocate_with(global_step):
+      return tf1.assign_add(global_step, 1, name=name).op

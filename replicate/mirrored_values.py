@@ -1,0 +1,218 @@
+"""`MirroredVariable`: one copy of a variable on each device of a strategy.
+
+A `MirroredVariable` is a `values.Mirrored` whose values are resource
+variables, all initialized from the first copy's initial value. Where a copy
+is needed, it picks one:
+
+* inside `StrategyExtended.update` (an `UpdateContext`): the copy on the
+  device being updated;
+* inside a replica of its strategy: that replica's copy;
+* elsewhere (cross-replica, or no strategy): the first (primary) copy.
+
+Every other attribute (`dtype`, `shape`, `op`, `handle`, `read_value`, ...)
+is the chosen copy's, so TensorFlow code (ops, `tf.gradients`, optimizers'
+`compute_gradients`) uses the local copy without knowing it is mirrored.
+Assignment in cross-replica context updates every copy; inside a replica it
+is refused, because copies would then differ.
+"""
+import tensorflow as tf
+
+from replicate import distribute_context
+from replicate import errors
+from replicate import values as values_lib
+from replicate import _compat
+
+
+class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):
+  """A variable with one identical copy per device of a strategy.
+
+  `tf.compat.v1.train.Saver` saves it like a plain variable (the primary
+  copy's value under the primary's name) and restores every copy.
+  """
+
+  # TensorFlow's gradient and optimizer code treats objects with this
+  # attribute like a resource variable, asking for `.handle` (here: the local
+  # copy's), so gradients flow to the copy the replica read.
+  _should_act_as_resource_variable = True
+
+  def __init__(self, strategy, index):
+    """Wraps the copies in `index`.
+
+    Args:
+      strategy: the `Strategy` that created the copies.
+      index: a `{device: variable}` dict, the primary copy first.
+
+    Raises:
+      InvalidArgumentError, InvalidTypeError: as `values.Mirrored`.
+    """
+    super(MirroredVariable, self).__init__(index)
+    self._strategy = strategy
+    self._replica_ids = {d: i for i, d in enumerate(self.devices)}
+
+  @property
+  def strategy(self):
+    """The strategy whose scope created this variable."""
+    return self._strategy
+
+  @property
+  def primary(self):
+    """The first copy."""
+    return self.values[0]
+
+  def _local_copy(self):
+    """The copy the current context means (see the module docstring)."""
+    device = distribute_context.get_update_device()
+    if device is not None:
+      return self._lookup(device)
+    replica = distribute_context.get_replica_context()
+    if (replica is not None and replica.strategy is self._strategy and
+        distribute_context.get_strategy() is self._strategy):
+      return self.values[replica.replica_id_in_sync_group]
+    return self.primary
+
+  def get(self, device=None):
+    """The copy on `device`; with no device, the copy the context means.
+
+    Args:
+      device: a device string in any spelling, or None.
+
+    Returns:
+      A variable (one copy).
+
+    Raises:
+      InvalidArgumentError: if `device` holds no copy.
+    """
+    if device is None:
+      return self._local_copy()
+    return self._lookup(device)
+
+  def __getattr__(self, name):
+    # Dunders, this object's own state and the checkpointing base class's
+    # lazily created `_self_*` state are never taken from a copy.
+    if name.startswith('__') or name.startswith('_self_') or name in (
+        '_index', '_devices', '_strategy', '_replica_ids'):
+      raise AttributeError(name)
+    return getattr(self._local_copy(), name)
+
+  def _gather_saveables_for_checkpoint(self):
+    copies = self.values
+    name = self.primary.op.name
+
+    def factory(name=name):
+      return _compat.make_copies_saveable(copies, name)
+    return {_compat.VARIABLE_VALUE_KEY: factory}
+
+  @property
+  def name(self):
+    """The primary copy's name (the name a checkpoint of one device uses)."""
+    return self.primary.name
+
+  @property
+  def initializer(self):
+    """One op initializing every copy."""
+    return tf.group(*[v.initializer for v in self.values])
+
+  @property
+  def constraint(self):
+    """The copies' constraint function (or None).
+
+    Raises:
+      ContextError: inside a replica of this variable's strategy, where only
+        the update of a single copy asks for it: `tf.compat.v1` optimizers
+        read it when they update a variable, and an update there would
+        change only this replica's copy.
+    """
+    replica = distribute_context.get_replica_context()
+    if (distribute_context.get_update_device() is None and
+        replica is not None and replica.strategy is self._strategy):
+      raise errors.ContextError(
+          'A plain optimizer update (apply_gradients / minimize) of mirrored '
+          'variable {} was built inside replica {}: it would change only '
+          "this replica's copy and the copies would differ. Wrap the "
+          'optimizer in replicate.TowerOptimizer, or call '
+          'replicate.mirrored_strategy.apply_gradients_across_replicas.'
+          .format(self.primary.op.name, replica.replica_id_in_sync_group))
+    return self._local_copy().constraint
+
+  def _check_assign_context(self, method):
+    replica = distribute_context.get_replica_context()
+    if (distribute_context.get_update_device() is None and
+        replica is not None and replica.strategy is self._strategy):
+      raise errors.ContextError(
+          'MirroredVariable.{} was called inside replica {} of its strategy: '
+          'assigning one copy would make the copies differ. Assign in a '
+          'cross-replica context, e.g. get_replica_context().merge_call('
+          'lambda strategy: strategy.extended.update(var, fn)).'.format(
+              method, replica.replica_id_in_sync_group))
+
+  def _assign(self, method, value, use_locking, name, read_value):
+    self._check_assign_context(method)
+    if distribute_context.get_update_device() is not None:
+      return getattr(self._local_copy(), method)(
+          value, use_locking=use_locking, name=name, read_value=read_value)
+
+    def update(copy, value):
+      return getattr(copy, method)(value, use_locking=use_locking,
+                                   read_value=False)
+    return self._strategy.extended.update(self, update, args=(value,))
+
+  def assign(self, value, use_locking=None, name=None, read_value=True):
+    """Assigns `value` to every copy (cross-replica) or to the updated copy.
+
+    Returns:
+      In an `UpdateContext`, what the copy's `assign` returns; else one op
+      assigning every copy.
+
+    Raises:
+      ContextError: inside a replica of this variable's strategy.
+    """
+    return self._assign('assign', value, use_locking, name, read_value)
+
+  def assign_add(self, delta, use_locking=None, name=None, read_value=True):
+    """Adds `delta` to every copy; see `assign`.
+
+    Raises:
+      ContextError: inside a replica of this variable's strategy.
+    """
+    return self._assign('assign_add', delta, use_locking, name, read_value)
+
+  def assign_sub(self, delta, use_locking=None, name=None, read_value=True):
+    """Subtracts `delta` from every copy; see `assign`.
+
+    Raises:
+      ContextError: inside a replica of this variable's strategy.
+    """
+    return self._assign('assign_sub', delta, use_locking, name, read_value)
+
+  def __iter__(self):
+    raise TypeError('A MirroredVariable is not iterable.')
+
+  def __repr__(self):
+    return '<MirroredVariable {} on {}>'.format(
+        self.primary.name, ', '.join(self.devices))
+
+
+def _convert_to_tensor(var, dtype=None, name=None, as_ref=False):
+  return _compat.variable_to_tensor(var.get(), dtype=dtype, name=name,
+                                    as_ref=as_ref)
+
+
+tf.register_tensor_conversion_function(MirroredVariable, _convert_to_tensor)
+
+
+def _operator(name):
+  def apply(self, *args):
+    return getattr(self.get().value(), name)(*args)
+  apply.__name__ = name
+  return apply
+
+
+for _name in ('__add__', '__radd__', '__sub__', '__rsub__', '__mul__',
+              '__rmul__', '__truediv__', '__rtruediv__', '__floordiv__',
+              '__rfloordiv__', '__mod__', '__rmod__', '__pow__', '__rpow__',
+              '__matmul__', '__rmatmul__', '__neg__', '__abs__',
+              '__getitem__', '__lt__', '__le__', '__gt__', '__ge__',
+              '__and__', '__rand__', '__or__', '__ror__', '__xor__',
+              '__rxor__', '__invert__'):
+  setattr(MirroredVariable, _name, _operator(_name))
+del _name

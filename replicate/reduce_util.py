@@ -1,0 +1,66 @@
+"""`ReduceOp`: how values from several replicas are combined."""
+import enum
+
+import tensorflow as tf
+
+from replicate import errors
+
+
+class ReduceOp(enum.Enum):
+  """How values from several replicas (towers) are combined.
+
+  * `SUM`: add the values.
+  * `MEAN`: add the values and divide by how many there are.
+  """
+  SUM = 'SUM'
+  MEAN = 'MEAN'
+
+  @staticmethod
+  def from_variable_aggregation(aggregation):
+    """The `ReduceOp` matching a `tf.VariableAggregation`.
+
+    Args:
+      aggregation: `tf.VariableAggregation.SUM` or `.MEAN`.
+
+    Returns:
+      `ReduceOp.SUM` or `ReduceOp.MEAN`.
+
+    Raises:
+      InvalidArgumentError: for any other aggregation.
+    """
+    op = _FROM_AGGREGATION.get(aggregation)
+    if op is None:
+      raise errors.InvalidArgumentError(
+          'Cannot reduce with aggregation {!r}: only SUM and MEAN combine '
+          'values from several replicas; pass tf.VariableAggregation.SUM / '
+          'MEAN or replicate.ReduceOp.SUM / MEAN.'.format(aggregation))
+    return op
+
+
+_FROM_AGGREGATION = {
+    tf.VariableAggregation.SUM: ReduceOp.SUM,
+    tf.VariableAggregation.MEAN: ReduceOp.MEAN,
+}
+
+
+def as_reduce_op(aggregation):
+  """Validates `aggregation` and returns it as a `ReduceOp`.
+
+  Args:
+    aggregation: a `ReduceOp`, or `tf.VariableAggregation.SUM` / `MEAN`
+      (the names `tf.contrib.distribute` used).
+
+  Returns:
+    A `ReduceOp`.
+
+  Raises:
+    InvalidArgumentError: for anything else (other aggregations such as
+      `ONLY_FIRST_REPLICA`, strings, None).
+  """
+  if isinstance(aggregation, ReduceOp):
+    return aggregation
+  if isinstance(aggregation, tf.VariableAggregation):
+    return ReduceOp.from_variable_aggregation(aggregation)
+  raise errors.InvalidArgumentError(
+      'Cannot reduce with {!r}: the reduction must be replicate.ReduceOp.SUM '
+      '/ MEAN or tf.VariableAggregation.SUM / MEAN.'.format(aggregation))

@@ -1,0 +1,205 @@
+"""Tests for the all-reduce graph builders (virtual CPUs; NCCL graphs only)."""
+import unittest
+
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+
+from replicate import all_reduce
+from replicate import device_util
+from replicate import errors
+from replicate import testing
+from replicate import _compat
+from replicate._compat import tf1
+
+_CPUS = testing.virtual_cpu_devices(4)
+_NUM_GPUS = len(_compat.local_gpu_devices())
+
+
+def _inputs(devices, shape, dtype=tf.float32, seed=0):
+  rng = np.random.RandomState(seed)
+  tensors, arrays = [], []
+  for d in devices:
+    a = rng.randint(-8, 8, size=shape).astype(dtype.as_numpy_dtype)
+    with tf.device(d):
+      tensors.append(tf.constant(a))
+    arrays.append(a)
+  return tensors, arrays
+
+
+def _run(outputs, num_cpus=4):
+  with tf1.Session(config=testing.virtual_cpu_config(num_cpus)) as sess:
+    return sess.run(outputs)
+
+
+def _builders():
+  return {
+      'ring': all_reduce.build_ring_all_reduce,
+      'ring_subchunks': lambda ts, **kw: all_reduce.build_ring_all_reduce(
+          ts, num_subchunks=3, **kw),
+      'recursive_hd': all_reduce.build_recursive_hd_all_reduce,
+      'shuffle': lambda ts, **kw: all_reduce.build_shuffle_all_reduce(
+          ts, _CPUS[:3], **kw),
+      'hierarchical_copy': all_reduce.build_hierarchical_copy_all_reduce,
+      'hierarchical_copy_offset': lambda ts, **kw: (
+          all_reduce.build_hierarchical_copy_all_reduce(
+              ts, leader_offset=1, **kw)),
+  }
+
+
+class AllReduceBuildersTest(parameterized.TestCase, tf.test.TestCase):
+
+  # Recursive halving-doubling needs a power of two: no 3-device case (its
+  # error is tested below).
+  @parameterized.parameters(
+      (name, num_devices, shape, dtype)
+      for name in sorted(_builders())
+      for num_devices in (1, 2, 3, 4)
+      for shape in ((), (13,), (5, 7))
+      for dtype in (tf.float16, tf.float64)
+      if not (name == 'recursive_hd' and num_devices == 3))
+  def test_sum_matches_numpy_and_placement(self, name, num_devices, shape,
+                                           dtype):
+    with tf.Graph().as_default():
+      tensors, arrays = _inputs(_CPUS[:num_devices], shape, dtype)
+      outputs = _builders()[name](tensors)
+      self.assertLen(outputs, num_devices)
+      for t, out in zip(tensors, outputs):
+        self.assertEqual(out.device, t.device)
+        self.assertEqual(out.dtype, dtype)
+        self.assertEqual(out.shape, shape)
+      got = _run(outputs)
+    for g in got:
+      # Sum of small integers: exact in float16 too.
+      self.assertAllEqual(g, np.sum(arrays, axis=0))
+
+  @parameterized.parameters('ring', 'recursive_hd', 'shuffle',
+                            'hierarchical_copy')
+  def test_other_red_op_and_un_op(self, name):
+    with tf.Graph().as_default():
+      tensors, arrays = _inputs(_CPUS, (6,), tf.float32)
+      outputs = _builders()[name](tensors, red_op=tf.maximum,
+                                  un_op=lambda t: t * 2.)
+      got = _run(outputs)
+    for g in got:
+      self.assertAllEqual(g, 2. * np.max(arrays, axis=0))  # 2 * max
+
+  def test_large_tensor(self):
+    with tf.Graph().as_default():
+      tensors, arrays = _inputs(_CPUS, (1000, 129), tf.float32)
+      outputs = all_reduce.build_ring_all_reduce(tensors, num_subchunks=2)
+      got = _run(outputs)
+    for g in got:
+      self.assertAllEqual(g, np.sum(arrays, axis=0))
+
+  def test_shuffle_gathers_on_gather_devices(self):
+    with tf.Graph().as_default() as graph:
+      tensors, _ = _inputs(_CPUS[:2], (4,))
+      all_reduce.build_shuffle_all_reduce(tensors, ['/cpu:2', '/cpu:3'])
+      add_devices = {device_util.canonicalize(op.device)
+                     for op in graph.get_operations() if op.type == 'AddV2' or
+                     op.type == 'Add'}
+    self.assertEqual(add_devices,
+                     {device_util.canonicalize(d) for d in _CPUS[2:]})
+
+  def test_shuffle_then_shuffle_on_workers(self):
+    # Two "workers" in one process: /job:localhost tasks cannot differ, so
+    # check the graph's structure with worker device strings only.
+    with tf.Graph().as_default():
+      tensors = []
+      for w in range(2):
+        for c in range(2):
+          with tf.device('/job:worker/task:%d/device:CPU:%d' % (w, c)):
+            tensors.append(tf.constant([1., 2., 3.]))
+      cpus = ['/job:worker/task:0/device:CPU:0',
+              '/job:worker/task:1/device:CPU:0']
+      outputs = all_reduce.build_shuffle_then_shuffle(tensors, cpus, cpus)
+      self.assertEqual([o.device for o in outputs], [t.device for t in tensors])
+      with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                  'one first-level gather device per worker: '
+                                  '2 workers, 1 devices'):
+        all_reduce.build_shuffle_then_shuffle(tensors, cpus[:1], cpus)
+
+  def test_errors(self):
+    with tf.Graph().as_default():
+      tensors, _ = _inputs(_CPUS[:3], (2,))
+      other, _ = _inputs(_CPUS[:1], (3,))
+      unknown = tf1.placeholder(tf.float32, [None])
+      with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                  'power-of-two number of devices, got 3'):
+        all_reduce.build_recursive_hd_all_reduce(tensors)
+      with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                  'needs at least one input tensor'):
+        all_reduce.build_ring_all_reduce([])
+      with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                  'share one shape and dtype; got \\(2,\\) '
+                                  'float32 and \\(3,\\) float32'):
+        all_reduce.build_hierarchical_copy_all_reduce(tensors + other)
+      with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                  'needs a fully defined shape'):
+        all_reduce.build_ring_all_reduce([unknown, unknown])
+      with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                  'num_subchunks must be at least 1'):
+        all_reduce.build_ring_all_reduce(tensors, num_subchunks=0)
+      with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                  'needs at least one gather device'):
+        all_reduce.build_shuffle_all_reduce(tensors, [])
+      with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                  'NCCL all-reduce only sums here'):
+        all_reduce.build_nccl_all_reduce(tensors, red_op=tf.maximum)
+
+
+def _gpu_inputs(num_workers, num_gpus):
+  tensors = []
+  for w in range(num_workers):
+    for g in range(num_gpus):
+      with tf.device('/job:worker/task:%d/device:GPU:%d' % (w, g)):
+        tensors.append(tf.constant([1., 2., 3.]))
+  return tensors
+
+
+class NcclGraphTest(parameterized.TestCase, tf.test.TestCase):
+  """NCCL graphs are built (not run) on CPU: one NCCL op per GPU."""
+
+  def _nccl_ops(self, graph):
+    return [op for op in graph.get_operations() if op.type == 'NcclAllReduce']
+
+  def test_nccl_one_op_per_device(self):
+    with tf.Graph().as_default() as graph:
+      tensors = _gpu_inputs(1, 4)
+      outputs = all_reduce.build_nccl_all_reduce(tensors)
+      nccl = self._nccl_ops(graph)
+    self.assertLen(nccl, 4)
+    self.assertEqual(sorted(op.device for op in nccl),
+                     sorted(t.device for t in tensors))
+    self.assertEqual([o.device for o in outputs], [t.device for t in tensors])
+
+  @parameterized.parameters(
+      (lambda ts: all_reduce.build_nccl_then_ring(ts), 'ring'),
+      (lambda ts: all_reduce.build_nccl_then_recursive_hd(ts), 'rechd'),
+      (lambda ts: all_reduce.build_nccl_then_shuffle(
+          ts, ['/job:worker/task:0/cpu:0', '/job:worker/task:1/cpu:0']),
+       'shuffle'))
+  def test_nccl_hybrids_one_op_per_device(self, build, _):
+    with tf.Graph().as_default() as graph:
+      tensors = _gpu_inputs(2, 2)
+      outputs = build(tensors)
+      nccl = self._nccl_ops(graph)
+    # 2 workers x 2 GPUs: one NCCL op per GPU, within each worker.
+    self.assertLen(nccl, 4)
+    self.assertEqual([o.device for o in outputs], [t.device for t in tensors])
+
+  @unittest.skipIf(_NUM_GPUS < 2, 'NCCL numerics need 2+ visible GPUs.')
+  def test_nccl_numerics_on_gpus(self):
+    gpus = _compat.local_gpu_devices()
+    with tf.Graph().as_default():
+      tensors, arrays = _inputs(gpus, (5, 7), tf.float32)
+      outputs = all_reduce.build_nccl_all_reduce(tensors)
+      with tf1.Session() as sess:
+        got = sess.run(outputs)
+    for g in got:
+      self.assertAllClose(g, np.sum(arrays, axis=0))
+
+
+if __name__ == '__main__':
+  tf.test.main()

@@ -1,0 +1,933 @@
+"""Tests of MirroredStrategy on 4 virtual CPUs."""
+import threading
+import time
+
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+
+import replicate
+from replicate import errors
+from replicate import mirrored_strategy
+from replicate import testing
+from replicate import values
+from replicate._compat import IS_TF2
+from replicate._compat import tf1
+
+NUM = 4
+DEVICES = testing.virtual_cpu_devices(NUM)
+CONFIG = testing.virtual_cpu_config(NUM)
+SUM = replicate.ReduceOp.SUM
+MEAN = replicate.ReduceOp.MEAN
+
+
+def _strategy(**kwargs):
+  return replicate.MirroredStrategy(DEVICES, **kwargs)
+
+
+def _bounded(test, fn, timeout=60.0):
+  """Runs `fn` in a thread; fails the test (never hangs) after `timeout` s."""
+  outcome = {}
+  graph = tf1.get_default_graph()  # The default graph is per thread.
+
+  def target():
+    try:
+      with graph.as_default():
+        outcome['result'] = fn()
+    except BaseException as e:  # pylint: disable=broad-except
+      outcome['error'] = e
+  thread = threading.Thread(target=target)
+  thread.daemon = True
+  thread.start()
+  thread.join(timeout)
+  test.assertFalse(thread.is_alive(), 'call did not finish in time')
+  return outcome
+
+
+def _replica_threads():
+  return [t for t in threading.enumerate()
+          if t.name.startswith('replicate_replica_')]
+
+
+class MirroredVariableTest(tf.test.TestCase):
+
+  def test_variables_in_scope_are_mirrored(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with strategy.scope():
+        w = tf1.get_variable(
+            'w', [3], initializer=tf1.random_normal_initializer())
+      self.assertIsInstance(w, replicate.values.Mirrored)
+      self.assertLen(w.values, NUM)
+      for i, copy in enumerate(w.values):
+        self.assertIn('CPU:{}'.format(i), copy.device)
+      self.assertEqual([c.name for c in w.values],
+                       ['w:0', 'w/replica_1:0', 'w/replica_2:0',
+                        'w/replica_3:0'])
+      self.assertEqual(w.name, 'w:0')
+      self.assertEqual(tf1.global_variables(), [w])
+      self.assertEqual(tf1.trainable_variables(), [w])
+      self.assertTrue(strategy.extended.variable_created_in_scope(w))
+      self.assertIs(strategy.extended.value_container(w.values[2]), w)
+      self.assertEqual(strategy.unwrap(w), w.values)
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run(tf1.global_variables_initializer())
+        copies = sess.run(list(w.values))
+        # A random initializer, yet every copy starts from the same value.
+        for copy in copies[1:]:
+          self.assertAllEqual(copy, copies[0])
+        self.assertAllEqual(sess.run(w), copies[0])  # Cross-replica: primary.
+        self.assertAllEqual(sess.run(strategy.extended.read_var(w)), copies[0])
+
+  def test_replica_reads_its_copy_and_update_changes_every_copy(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with strategy.scope():
+        v = tf1.Variable(0.0, name='v')
+      # Give copy i the value i, to see which copy each replica reads.
+      set_copies = tf.group(
+          *[c.assign(float(i)) for i, c in enumerate(v.values)])
+      reads = strategy.experimental_run_v2(lambda: v * 1.0)
+      for i, read in enumerate(strategy.unwrap(reads)):
+        self.assertIn('CPU:{}'.format(i), read.device)
+      deltas = values.PerReplica({d: tf.constant(10.0 * (i + 1))
+                                  for i, d in enumerate(DEVICES)})
+      seen_devices = []
+
+      def update(copy, delta):
+        seen_devices.append(replicate.distribute_lib.get_update_device())
+        return copy.assign_add(delta)
+      with strategy.scope():
+        update_op = strategy.extended.update(v, update, args=(deltas,))
+        ungrouped = strategy.extended.update(v, update, args=(1.0,),
+                                             group=False)
+        assign_op = v.assign(7.0)
+      self.assertEqual(seen_devices, list(v.devices) * 2)
+      self.assertIsInstance(ungrouped, tuple)
+      self.assertLen(ungrouped, NUM)
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run(v.initializer)
+        sess.run(set_copies)
+        self.assertAllEqual(sess.run(strategy.unwrap(reads)), [0., 1., 2., 3.])
+        sess.run(update_op)
+        # copy i: i + 10 * (i + 1).
+        self.assertAllEqual(sess.run(list(v.values)), [10., 21., 32., 43.])
+        sess.run(assign_op)
+        self.assertAllEqual(sess.run(list(v.values)), [7.] * NUM)
+
+  def test_checkpoint_round_trip_with_one_device_model(self):
+    # Saver writes the primary copy under the plain variable's name and a
+    # restore sets every copy, so checkpoints move between a mirrored and an
+    # unreplicated model.
+    directory = self.get_temp_dir()
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with strategy.scope():
+        v = tf1.get_variable('v', [2], initializer=tf1.zeros_initializer())
+      saver = tf1.train.Saver()
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(v.assign([1.0, 2.0]))
+        path = saver.save(sess, directory + '/mirrored')
+        sess.run(v.assign([0.0, 0.0]))
+        saver.restore(sess, path)
+        self.assertAllEqual(sess.run(list(v.values)), [[1.0, 2.0]] * NUM)
+    self.assertEqual(tf.train.list_variables(path), [('v', [2])])
+    with tf.Graph().as_default():
+      plain = tf1.get_variable('v', [2])
+      saver = tf1.train.Saver()
+      with tf1.Session() as sess:
+        saver.restore(sess, path)
+        self.assertAllEqual(sess.run(plain), [1.0, 2.0])
+        sess.run(plain.assign([3.0, 4.0]))
+        path = saver.save(sess, directory + '/plain')
+    with tf.Graph().as_default():
+      with strategy.scope():
+        v = tf1.get_variable('v', [2])
+      saver = tf1.train.Saver()
+      with tf1.Session(config=CONFIG) as sess:
+        saver.restore(sess, path)
+        self.assertAllEqual(sess.run(list(v.values)), [[3.0, 4.0]] * NUM)
+
+  def test_assign_inside_replica_raises(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with strategy.scope():
+        v = tf1.Variable(0.0, name='v')
+      with self.assertRaisesRegex(
+          errors.ContextError,
+          r'MirroredVariable.assign_add was called inside replica 0 .*'
+          'merge_call'):
+        strategy.experimental_run_v2(lambda: v.assign_add(1.0))
+
+  def test_variables_created_in_replicas_are_shared(self):
+    strategy = _strategy()
+
+    def fn():
+      a = tf1.get_variable('a', [2], initializer=tf1.ones_initializer())
+      b = tf1.Variable(2.0, name='b')
+      c = tf1.Variable(3.0, name='b')  # Same requested name, second one.
+      return a, b, c
+    with tf.Graph().as_default():
+      a, b, c = strategy.experimental_run_v2(fn)
+      # Every replica returned the same mirrored variables: not per-replica.
+      for v in (a, b, c):
+        self.assertIsInstance(v, mirrored_strategy.MirroredVariable)
+      self.assertIsNot(b, c)
+      self.assertLen(tf1.global_variables(), 3)
+
+  def test_replicas_creating_different_variables_raise(self):
+    strategy = _strategy()
+
+    def fn():
+      replica = replicate.get_replica_context().replica_id_in_sync_group
+      tf1.Variable(1.0, name='x')
+      if replica == 2:
+        tf1.Variable(1.0, name='x')
+    with tf.Graph().as_default():
+      with self.assertRaisesRegex(
+          errors.ContextError,
+          r"Replica 2 created variable 'x' \(number 2 of that name\) but "
+          'replica 0 created only 1'):
+        strategy.experimental_run_v2(fn)
+
+  def test_colocate_vars_with(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with tf.device(DEVICES[2]):
+        plain = tf1.Variable(1.0, name='p', use_resource=True)
+      with strategy.scope():
+        w = tf1.Variable(1.0, name='w')
+        with strategy.extended.colocate_vars_with(w):
+          mirrored = tf1.Variable(1.0, name='m')
+        with strategy.extended.colocate_vars_with(plain):
+          colocated = tf1.Variable(1.0, name='c')
+      # Next to a mirrored variable: mirrored too. Next to a plain one: one
+      # plain variable, colocated with it.
+      self.assertIsInstance(mirrored, mirrored_strategy.MirroredVariable)
+      self.assertEqual(mirrored.devices, w.devices)
+      self.assertNotIsInstance(colocated, values.DistributedValues)
+      self.assertEqual(colocated.op.colocation_groups(),
+                       plain.op.colocation_groups())
+      self.assertTrue(strategy.extended.variable_created_in_scope(colocated))
+      self.assertFalse(strategy.extended.variable_created_in_scope(plain))
+
+  def test_layers_share_mirrored_variables(self):
+    strategy = _strategy()
+
+    def fn():
+      return tf1.layers.dense(tf.ones([2, 3]), 4)
+    with tf.Graph().as_default():
+      outputs = strategy.experimental_run_v2(fn)
+      kernel, bias = tf1.global_variables()
+      self.assertIsInstance(kernel, mirrored_strategy.MirroredVariable)
+      self.assertEqual(kernel.name, 'dense/kernel:0')
+      self.assertIsInstance(bias, mirrored_strategy.MirroredVariable)
+      for i, output in enumerate(strategy.unwrap(outputs)):
+        self.assertIn('CPU:{}'.format(i), output.device)
+
+  def test_update_needs_a_variable(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with self.assertRaisesRegex(errors.InvalidTypeError,
+                                  'update needs a variable, got 3.0'):
+        strategy.extended.update(3.0, lambda c: c)
+
+
+class MergeCallTest(tf.test.TestCase):
+
+  def test_merge_call_order_and_results(self):
+    strategy = _strategy()
+    events = []
+
+    def merge_fn(strat, per_replica, scale=1):
+      events.append(('merge', strat is strategy,
+                     replicate.in_cross_replica_context(),
+                     per_replica.values, scale))
+      return (values.PerReplica({d: scale * v for d, v in
+                                 zip(per_replica.devices,
+                                     per_replica.values)}), 'same')
+
+    def fn():
+      context = replicate.get_replica_context()
+      i = context.replica_id_in_sync_group
+      events.append(('before', i))
+      mine, shared = context.merge_call(merge_fn, args=(i,),
+                                        kwargs={'scale': 10})
+      events.append(('after', i, mine, shared))
+      again, _ = context.merge_call(merge_fn, args=(mine,))
+      events.append(('again', i, again))
+      return again
+
+    with tf.Graph().as_default():
+      result = strategy.experimental_run_v2(fn)
+    # Every replica reaches the merge before it runs; it runs once, in
+    # cross-replica context, with each replica's argument; each replica gets
+    # its component: 10 * i, then (scale 1) 10 * i again.
+    self.assertEqual(events, (
+        [('before', i) for i in range(NUM)] +
+        [('merge', True, True, (0, 1, 2, 3), 10)] +
+        [('after', i, 10 * i, 'same') for i in range(NUM)] +
+        [('merge', True, True, (0, 10, 20, 30), 1)] +
+        [('again', i, 10 * i) for i in range(NUM)]))
+    self.assertEqual(strategy.unwrap(result), (0, 10, 20, 30))
+    self.assertEqual(_replica_threads(), [])
+
+  def test_merge_fn_runs_in_first_replica_name_scope(self):
+    strategy = _strategy()
+
+    def fn():
+      with tf1.name_scope('block'):
+        return replicate.get_replica_context().merge_call(
+            lambda s: tf.constant(1.0, name='merged'))
+    with tf.Graph().as_default():
+      result = strategy.experimental_run_v2(fn)
+    self.assertEqual(result.name, 'block/merged:0')
+
+  def test_different_number_of_merge_calls_raises(self):
+    strategy = _strategy()
+
+    def fn():
+      context = replicate.get_replica_context()
+      if context.replica_id_in_sync_group != 1:
+        context.merge_call(lambda s: None)
+    with tf.Graph().as_default():
+      outcome = _bounded(self, lambda: strategy.experimental_run_v2(fn))
+    self.assertIsInstance(outcome['error'], errors.ContextError)
+    self.assertRegex(
+        str(outcome['error']),
+        r'Replicas called merge_call a different number of times \(replica '
+        '0: 1, replica 1: 0, replica 2: 1, replica 3: 1\)')
+    self.assertEqual(_replica_threads(), [])
+
+  def test_exception_in_a_replica_surfaces(self):
+    strategy = _strategy()
+
+    def fn():
+      context = replicate.get_replica_context()
+      context.merge_call(lambda s: None)
+      if context.replica_id_in_sync_group == 2:
+        raise ValueError('boom in replica 2')
+      context.merge_call(lambda s: None)
+    with tf.Graph().as_default():
+      start = time.time()
+      outcome = _bounded(self, lambda: strategy.experimental_run_v2(fn))
+    self.assertIsInstance(outcome['error'], ValueError)
+    self.assertEqual(str(outcome['error']), 'boom in replica 2')
+    self.assertLess(time.time() - start, 30)
+    self.assertEqual(_replica_threads(), [])
+    # The library's context stack is clean afterwards.
+    self.assertFalse(replicate.has_strategy())
+
+  def test_exception_in_merge_fn_surfaces(self):
+    strategy = _strategy()
+
+    def merge_fn(unused_strategy):
+      raise KeyError('merge failed')
+
+    def fn():
+      replicate.get_replica_context().merge_call(merge_fn)
+    with tf.Graph().as_default():
+      outcome = _bounded(self, lambda: strategy.experimental_run_v2(fn))
+    self.assertIsInstance(outcome['error'], KeyError)
+    self.assertEqual(_replica_threads(), [])
+
+  def test_another_replicas_context_raises(self):
+    strategy = _strategy()
+    contexts = []
+
+    def fn():
+      contexts.append(replicate.get_replica_context())
+      contexts[0].all_reduce(SUM, tf.constant(1.0))
+    with tf.Graph().as_default():
+      with self.assertRaisesRegex(
+          errors.ContextError,
+          r'ReplicaContext.all_reduce was called on a replica context that is '
+          r'not the current one \(current: replica 1 of MirroredStrategy .*, '
+          r'called on: replica 0 of'):
+        strategy.experimental_run_v2(fn)
+    self.assertEqual(_replica_threads(), [])
+
+  def test_different_structures_raise(self):
+    strategy = _strategy()
+
+    def fn():
+      replica = replicate.get_replica_context().replica_id_in_sync_group
+      return [1.0] * (replica + 1)
+    with tf.Graph().as_default():
+      with self.assertRaisesRegex(
+          errors.InvalidArgumentError,
+          'Replicas produced values of different structures'):
+        strategy.experimental_run_v2(fn)
+
+  def test_merge_call_from_another_thread_raises(self):
+    strategy = _strategy()
+
+    def fn():
+      context = replicate.get_replica_context()
+      caught = []
+
+      def other():
+        try:
+          replicate.get_replica_context().merge_call(lambda s: None)
+        except errors.ContextError as e:
+          caught.append(str(e))
+        try:
+          context._merge_call(lambda s: None, (), {})  # pylint: disable=protected-access
+        except errors.ContextError as e:
+          caught.append(str(e))
+      t = threading.Thread(target=other)
+      t.start()
+      t.join(10)
+      return tuple(caught)
+    with tf.Graph().as_default():
+      result = strategy.experimental_run_v2(fn)
+    # In a thread of its own, the default replica context is current, so the
+    # first merge_call runs (default strategy); the second names the rule.
+    self.assertLen(result, 1)
+    message = strategy.unwrap(result[0])[0]
+    self.assertRegex(message, 'merge_call of replica 0 was called from '
+                     'thread .*, not from the thread running that replica')
+
+  def test_eager_raises(self):
+    if not tf.executing_eagerly():
+      self.skipTest('TF 1.x builds graphs by default; eager needs TF 2.x.')
+    strategy = _strategy()
+    with self.assertRaisesRegex(errors.ContextError,
+                                'builds graphs; it was called eagerly'):
+      strategy.experimental_run_v2(lambda: None)
+
+
+class AllReduceTest(parameterized.TestCase, tf.test.TestCase):
+
+  @parameterized.parameters(
+      # replica i holds a = i + 1 and b = [i, 2i].
+      # SUM: a = 1+2+3+4 = 10, b = [0+1+2+3, 2*(0+1+2+3)] = [6, 12].
+      (SUM, 10.0, [6.0, 12.0]),
+      # MEAN: the sums divided by 4.
+      (MEAN, 2.5, [1.5, 3.0]))
+  def test_values(self, reduce_op, expected_a, expected_b):
+    strategy = _strategy()
+
+    def fn():
+      i = float(replicate.get_replica_context().replica_id_in_sync_group)
+      reduced = replicate.get_replica_context().all_reduce(
+          reduce_op, {'a': tf.constant(i + 1), 'b': tf.constant([i, 2 * i])})
+      return reduced
+    with tf.Graph().as_default():
+      result = strategy.experimental_run_v2(fn)
+      for i, a in enumerate(strategy.unwrap(result['a'])):
+        self.assertIn('CPU:{}'.format(i), a.device)
+      with tf1.Session(config=CONFIG) as sess:
+        a, b = sess.run([strategy.unwrap(result['a']),
+                         strategy.unwrap(result['b'])])
+    self.assertAllClose(a, [expected_a] * NUM)
+    self.assertAllClose(b, [expected_b] * NUM)
+
+  @parameterized.parameters(
+      # Replica i's loss is c_i * y_i with c_i = i + 1 and y = all_reduce(x).
+      # SUM: y_j = sum_i x_i, so d(sum_j L_j)/dx_i = sum_j c_j = 10; each
+      # replica computes the gradient of its own loss, and the backward
+      # all-sum gathers the other replicas' c_j: every replica gets 10.
+      (SUM, 10.0),
+      # MEAN: y_j = (1/4) sum_i x_i, so the gradient is (1/4) sum_j c_j.
+      (MEAN, 2.5))
+  def test_gradients(self, reduce_op, expected):
+    strategy = _strategy()
+
+    def fn():
+      i = replicate.get_replica_context().replica_id_in_sync_group
+      x = tf.constant([1.0, 2.0])
+      y = replicate.get_replica_context().all_reduce(reduce_op, x)
+      loss = tf.reduce_sum(float(i + 1) * y)
+      return tf.gradients(loss, x)[0]
+    with tf.Graph().as_default():
+      grads = strategy.experimental_run_v2(fn)
+      with tf1.Session(config=CONFIG) as sess:
+        grads = sess.run(strategy.unwrap(grads))
+    self.assertAllClose(grads, [[expected, expected]] * NUM)
+
+  def test_mean_of_integers_raises(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with self.assertRaisesRegex(errors.InvalidTypeError,
+                                  'Cannot take the MEAN of int32'):
+        strategy.experimental_run_v2(
+            lambda: replicate.get_replica_context().all_reduce(
+                MEAN, tf.constant(1)))
+
+  def test_all_reduce_outside_replica_raises(self):
+    context = replicate.get_replica_context()
+    with _strategy().scope():
+      with self.assertRaisesRegex(errors.ContextError,
+                                  'ReplicaContext.all_reduce must be called '
+                                  'in its replica context'):
+        context.all_reduce(SUM, 1.0)
+
+
+class ReduceTest(tf.test.TestCase):
+
+  def test_reduce_and_reduce_to(self):
+    accumulated = []
+
+    def accumulate(tensors):
+      accumulated.append(len(tensors))
+      return tf.add_n(tensors)
+    ops = replicate.ReductionToOneDeviceCrossTowerOps(
+        reduce_to_device=DEVICES[3], accumulation_fn=accumulate)
+    strategy = _strategy(cross_tower_ops=ops)
+    with tf.Graph().as_default():
+      per_replica = strategy.experimental_run_v2(
+          lambda: tf.cast(replicate.get_replica_context()
+                          .replica_id_in_sync_group + 1, tf.float32))
+      with strategy.scope():
+        total = strategy.reduce(SUM, per_replica)
+        mean = strategy.reduce(MEAN, per_replica)
+        same = strategy.reduce(MEAN, tf.constant(5.0))
+        to_two = strategy.extended.reduce_to(SUM, per_replica, DEVICES[:2])
+        w = tf1.Variable(0.0)
+        batch = strategy.extended.batch_reduce_to(
+            MEAN, [(per_replica, w), (per_replica, DEVICES[1])])
+        broadcast = strategy.extended.broadcast_to(tf.constant(3.0), w)
+      self.assertIn('CPU:0', total.device)  # The host.
+      self.assertLen(to_two.values, 2)
+      self.assertEqual(batch[0].devices, w.devices)
+      self.assertEqual(broadcast.devices, w.devices)
+      # The given cross_tower_ops did the sums: 4 values each, 5 reductions.
+      self.assertEqual(accumulated, [NUM] * 5)
+      with tf1.Session(config=CONFIG) as sess:
+        # 1 + 2 + 3 + 4 = 10; mean 2.5.
+        self.assertAllClose(sess.run([total, mean, same]), [10.0, 2.5, 5.0])
+        self.assertAllClose(sess.run(list(to_two.values)), [10.0, 10.0])
+        self.assertAllClose(sess.run(list(batch[0].values)), [2.5] * NUM)
+        self.assertAllClose(sess.run(list(broadcast.values)), [3.0] * NUM)
+
+  def test_sum_of_a_single_value_raises(self):
+    strategy = _strategy()
+    with tf.Graph().as_default(), strategy.scope():
+      with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                  'Cannot SUM the single value .* over 4 '
+                                  'replicas'):
+        strategy.reduce(SUM, tf.constant(1.0))
+
+  def test_default_cross_tower_ops_for_cpus(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      strategy.extended.reduce_to(
+          MEAN, values.PerReplica({d: tf.constant(1.0) for d in DEVICES}),
+          DEVICES[0])
+    self.assertIsInstance(
+        strategy.extended._cross_tower_ops,  # pylint: disable=protected-access
+        replicate.ReductionToOneDeviceCrossTowerOps)
+
+
+class InputTest(tf.test.TestCase):
+
+  def test_dataset_iterator_splits_global_batch(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      iterator = strategy.make_dataset_iterator(
+          tf.data.Dataset.range(16).batch(8, drop_remainder=True))
+      batch = iterator.get_next()
+      self.assertIsInstance(batch, values.PerReplica)
+      for i, piece in enumerate(batch.values):
+        self.assertIn('CPU:{}'.format(i), piece.device)
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run(iterator.initialize())
+        # Global batch [0..7]: replica i gets rows 2i and 2i + 1.
+        self.assertAllEqual(sess.run(list(batch.values)),
+                            [[0, 1], [2, 3], [4, 5], [6, 7]])
+        self.assertAllEqual(sess.run(list(batch.values)),
+                            [[8, 9], [10, 11], [12, 13], [14, 15]])
+
+  def test_static_batch_not_divisible_raises(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      iterator = strategy.make_dataset_iterator(
+          tf.data.Dataset.range(12).batch(6, drop_remainder=True))
+      with self.assertRaisesRegex(
+          errors.InvalidArgumentError,
+          r'global batch size \(6\) of input .* is not divisible by the '
+          r'number of replicas \(4\)'):
+        iterator.get_next()
+
+  def test_dynamic_batch_not_divisible_fails_at_run_time(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      # 10 elements in batches of 8: [0..7] splits, the last batch of 2 not.
+      iterator = strategy.make_dataset_iterator(
+          tf.data.Dataset.range(10).batch(8))
+      batch = iterator.get_next()
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run(iterator.initialize())
+        sess.run(list(batch.values))
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError,
+                                    'not divisible by the number of replicas'):
+          sess.run(list(batch.values))
+
+  def test_input_fn_iterator(self):
+    strategy = _strategy()
+    contexts = []
+
+    def input_fn(context):
+      contexts.append(context)
+      return tf.data.Dataset.range(100).batch(
+          context.get_per_replica_batch_size(8))
+    with tf.Graph().as_default():
+      iterator = strategy.make_input_fn_iterator(input_fn)
+      batch = iterator.get_next()
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run(iterator.initialize())
+        # Replicas take successive elements (batches of 8 / 4 = 2), in order.
+        self.assertAllEqual(sess.run(list(batch.values)),
+                            [[0, 1], [2, 3], [4, 5], [6, 7]])
+        self.assertAllEqual(sess.run(list(batch.values)),
+                            [[8, 9], [10, 11], [12, 13], [14, 15]])
+    self.assertLen(contexts, 1)
+    self.assertEqual((contexts[0].num_input_pipelines,
+                      contexts[0].input_pipeline_id,
+                      contexts[0].num_replicas_in_sync), (1, 0, NUM))
+
+  def test_scalar_input_cannot_be_split(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      iterator = strategy.make_dataset_iterator(tf.data.Dataset.range(3))
+      with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                  'Cannot split the scalar input .* among 4 '
+                                  'replicas'):
+        iterator.get_next()
+
+  def test_numpy_iterator(self):
+    strategy = _strategy()
+    features = np.arange(16, dtype=np.float32).reshape(8, 2)
+    labels = np.arange(8, dtype=np.int64)
+    with tf.Graph().as_default():
+      with tf1.Session(config=CONFIG) as sess:
+        embedded = strategy.experimental_make_numpy_iterator(
+            (features, labels), batch_size=8, shuffle=None)
+        with strategy.scope():  # The loading variables are not mirrored.
+          loaded = strategy.experimental_make_numpy_iterator(
+              {'x': features, 'y': labels}, batch_size=4, num_epochs=2,
+              shuffle=None, session=sess)
+        variable_ops = [op for op in tf1.get_default_graph().get_operations()
+                        if op.type in ('VarHandleOp', 'VariableV2')]
+        self.assertLen(variable_ops, 2)  # One per array.
+        x, y = embedded.get_next()
+        batch = loaded.get_next()
+        sess.run(embedded.initialize() + loaded.initialize())
+        # 8 rows, global batch 8: replica i gets rows 2i, 2i + 1.
+        x3, ys = sess.run([x.values[3], list(y.values)])
+        self.assertAllEqual(ys, [[0, 1], [2, 3], [4, 5], [6, 7]])
+        self.assertAllEqual(x3, features[6:8])
+        # Global batch 4: one row each; 8 rows x 2 epochs = 4 runs.
+        for start in (0, 4, 0, 4):
+          self.assertAllEqual(sess.run(list(batch['y'].values)),
+                              [[start], [start + 1], [start + 2], [start + 3]])
+      with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                  r'global batch size \(6\) is not divisible'):
+        strategy.experimental_make_numpy_iterator(features, batch_size=6)
+      with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                  'must all have the same first dimension'):
+        strategy.experimental_make_numpy_iterator(
+            (features, labels[:4]), batch_size=4)
+
+
+# A linear model trained on 8 examples: the global batch.
+_X = np.array([[1., 2., 0.], [0., 1., 1.], [2., 0., 1.], [1., 1., 1.],
+               [0., 2., 2.], [1., 0., 0.], [3., 1., 0.], [0., 0., 1.]],
+              np.float32)
+_Y = np.array([[1.], [0.], [2.], [1.], [-1.], [0.5], [3.], [0.]], np.float32)
+_BATCH = 8
+_STEPS = 4
+_LR = 0.1
+
+
+def _model_loss(x, y):
+  w = tf1.get_variable('w', [3, 1], initializer=tf1.zeros_initializer())
+  b = tf1.get_variable('b', [1], initializer=tf1.constant_initializer(0.5))
+  # Loss rule: the sum over this replica's examples divided by the *global*
+  # batch; summing the replicas' gradients gives the full-batch gradient.
+  loss = tf.reduce_sum(tf.square(tf.matmul(x, w) + b - y)) / _BATCH
+  return w, b, loss
+
+
+def _numpy_sgd():
+  """Full-batch gradient descent on the mean squared error, in NumPy."""
+  w = np.zeros((3, 1), np.float64)
+  b = np.full((1,), 0.5)
+  for _ in range(_STEPS):
+    residual = _X.dot(w) + b - _Y          # (8, 1)
+    # d/dw sum(r^2)/8 = 2 X^T r / 8; d/db = 2 sum(r) / 8.
+    w -= _LR * 2 * _X.T.dot(residual) / _BATCH
+    b -= _LR * 2 * residual.sum(axis=0) / _BATCH
+  return w, b
+
+
+def _one_device(optimizer_fn):
+  """The reference: the same model and optimizer on one device, full batch."""
+  with tf.Graph().as_default():
+    step = tf1.train.get_or_create_global_step()
+    w, b, loss = _model_loss(tf.constant(_X), tf.constant(_Y))
+    train = optimizer_fn().minimize(loss, global_step=step)
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      for _ in range(_STEPS):
+        sess.run(train)
+      return sess.run([w, b])
+
+
+def _dataset():
+  return tf.data.Dataset.from_tensors((_X, _Y)).repeat()
+
+
+class TrainingTest(parameterized.TestCase, tf.test.TestCase):
+
+  def _check_copies(self, sess, variables, expected):
+    for variable, value in zip(variables, expected):
+      copies = sess.run(list(variable.values))
+      for copy in copies:
+        # Every copy identical, and equal to the one-device result.
+        self.assertAllEqual(copy, copies[0])
+        self.assertAllClose(copy, value, rtol=1e-5, atol=1e-6)
+
+  def test_explicit_pattern_matches_numpy(self):
+    strategy = _strategy()
+    expected = _numpy_sgd()
+
+    def merge_update(strat, grads_and_vars):
+      summed = strat.extended.batch_reduce_to(SUM, grads_and_vars)
+      return tf.group(*[
+          strat.extended.update(v, lambda copy, g: copy.assign_sub(_LR * g),
+                                args=(s,))
+          for (_, v), s in zip(grads_and_vars, summed)])
+
+    def step(inputs):
+      x, y = inputs
+      w, b, loss = _model_loss(x, y)
+      grads = tf.gradients(loss, [w, b])
+      return replicate.get_replica_context().merge_call(
+          merge_update, args=(list(zip(grads, [w, b])),))
+
+    with tf.Graph().as_default():
+      iterator = strategy.make_dataset_iterator(_dataset())
+      with strategy.scope():
+        train = strategy.group(strategy.experimental_run(step, iterator))
+      w, b = tf1.global_variables()
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run([tf1.global_variables_initializer(), iterator.initialize()])
+        for _ in range(_STEPS):
+          sess.run(train)
+        self._check_copies(sess, [w, b], expected)
+
+  @parameterized.parameters(
+      ('adam', lambda: tf1.train.AdamOptimizer(_LR)),
+      ('momentum', lambda: tf1.train.MomentumOptimizer(_LR, momentum=0.9)),
+      ('sgd', lambda: tf1.train.GradientDescentOptimizer(_LR)))
+  def test_tower_optimizer_matches_one_device(self, unused_name,
+                                              optimizer_fn):
+    expected = _one_device(optimizer_fn)
+    strategy = _strategy()
+    optimizers = []
+
+    def step(inputs):
+      x, y = inputs
+      _, _, loss = _model_loss(x, y)
+      optimizer = replicate.TowerOptimizer(optimizer_fn())
+      optimizers.append(optimizer)
+      return optimizer.minimize(loss,
+                                global_step=tf1.train.get_global_step())
+
+    with tf.Graph().as_default():
+      iterator = strategy.make_dataset_iterator(_dataset())
+      with strategy.scope():
+        global_step = tf1.train.get_or_create_global_step()
+        train = strategy.group(strategy.experimental_run(step, iterator))
+      w, b = tf1.trainable_variables()
+      self.assertIsInstance(global_step, mirrored_strategy.MirroredVariable)
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run([tf1.global_variables_initializer(), iterator.initialize()])
+        for _ in range(_STEPS):
+          sess.run(train)
+        self._check_copies(sess, [w, b], expected)
+        # The step advanced once per run, on every copy.
+        self.assertAllEqual(sess.run(list(global_step.values)),
+                            [_STEPS] * NUM)
+      # Optimizer state is per copy (slots next to each copy).
+      for name in optimizers[0].get_slot_names():
+        for copy in w.values:
+          self.assertIsNotNone(optimizers[0].get_slot(copy, name))
+
+  @parameterized.parameters((False,), (True,))
+  def test_plain_optimizer_inside_replica_raises(self, sparse):
+    strategy = _strategy()
+
+    def step():
+      with tf1.variable_scope('model', reuse=tf1.AUTO_REUSE):
+        table = tf1.get_variable('table', [4, 2])
+      if sparse:
+        loss = tf.reduce_sum(tf.gather(table, [0, 2]))
+      else:
+        loss = tf.reduce_sum(table)
+      return tf1.train.GradientDescentOptimizer(_LR).minimize(loss)
+    with tf.Graph().as_default():
+      with self.assertRaisesRegex(
+          errors.ContextError,
+          'A plain optimizer update .* of mirrored variable model/table was '
+          "built inside replica 0: it would change only this replica's copy"
+          '.*replicate.TowerOptimizer'):
+        strategy.experimental_run_v2(step)
+
+  def test_sparse_gradients_stay_sparse_and_match(self):
+    # An embedding lookup gives IndexedSlices gradients; they are summed
+    # across replicas without densifying and applied to every copy.
+    strategy = _strategy()
+    ids = np.array([0, 2, 2, 3, 1, 0, 3, 3], np.int64)
+
+    def step(inputs):
+      table = tf1.get_variable('table', initializer=tf.ones([4, 2]))
+      loss = tf.reduce_sum(tf.gather(table, inputs) * 2.0) / _BATCH
+      optimizer = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(1.0))
+      grads_and_vars = optimizer.compute_gradients(loss)
+      self.assertIsInstance(grads_and_vars[0][0], tf.IndexedSlices)
+      return optimizer.apply_gradients(grads_and_vars)
+    with tf.Graph().as_default():
+      iterator = strategy.make_dataset_iterator(
+          tf.data.Dataset.from_tensors(ids).repeat())
+      with strategy.scope():
+        train = strategy.group(strategy.experimental_run(step, iterator))
+      table, = tf1.global_variables()
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run([tf1.global_variables_initializer(), iterator.initialize()])
+        sess.run(train)
+        # d loss / d row r = 2 * count(r) / 8; counts: row 0: 2, 1: 1,
+        # 2: 2, 3: 3. One step at rate 1 from 1: 1 - count / 4.
+        expected = [[0.5, 0.5], [0.75, 0.75], [0.5, 0.5], [0.25, 0.25]]
+        for copy in sess.run(list(table.values)):
+          self.assertAllClose(copy, expected)
+
+  def test_apply_gradients_across_replicas_errors(self):
+    strategy = _strategy()
+    optimizer = tf1.train.GradientDescentOptimizer(_LR)
+    with tf.Graph().as_default():
+      plain = tf1.Variable(1.0, use_resource=True)
+      with self.assertRaisesRegex(
+          errors.ContextError,
+          'apply_gradients_across_replicas must be called in a replica '
+          'context'):
+        with strategy.scope():
+          mirrored_strategy.apply_gradients_across_replicas(
+              optimizer, [(tf.constant(1.0), plain)])
+      with self.assertRaisesRegex(
+          errors.InvalidArgumentError,
+          'is not a mirrored variable of the current strategy'):
+        strategy.experimental_run_v2(
+            lambda: mirrored_strategy.apply_gradients_across_replicas(
+                optimizer, [(tf.constant(1.0), plain)]))
+      with self.assertRaisesRegex(
+          errors.InvalidArgumentError,
+          'No gradients were given for any of the variables'):
+        strategy.experimental_run_v2(
+            lambda: mirrored_strategy.apply_gradients_across_replicas(
+                optimizer, [(None, plain)]))
+
+  def test_run_steps_on_iterator(self):
+    strategy = _strategy()
+    expected = _numpy_sgd()
+
+    def step_fn(context, inputs):
+      def replica_step(inputs):
+        x, y = inputs
+        _, _, loss = _model_loss(x, y)
+        return replicate.TowerOptimizer(
+            tf1.train.GradientDescentOptimizer(_LR)).minimize(loss), loss
+      train, loss = strategy.extended.call_for_each_replica(
+          replica_step, args=(inputs,))
+      context.set_last_step_output('loss', loss, reduce_op=SUM)
+      return strategy.group(train)
+
+    with tf.Graph().as_default():
+      iterator = strategy.make_dataset_iterator(_dataset())
+      with strategy.scope():
+        context = strategy.extended.experimental_run_steps_on_iterator(
+            step_fn, iterator, iterations=_STEPS,
+            initial_loop_values={'loss': 0.0})
+      w, b = tf1.trainable_variables()
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run([tf1.global_variables_initializer(), iterator.initialize()])
+        sess.run(context.run_op)  # All steps in one run.
+        self._check_copies(sess, [w, b], expected)
+        self.assertGreater(sess.run(context.last_step_outputs['loss']), 0.0)
+
+
+class RunStepsErrorsTest(tf.test.TestCase):
+
+  def test_output_without_initial_value_raises(self):
+    strategy = _strategy()
+
+    def step_fn(context, inputs):
+      context.set_last_step_output('loss', tf.reduce_sum(inputs.values[0]))
+    with tf.Graph().as_default():
+      iterator = strategy.make_dataset_iterator(
+          tf.data.Dataset.range(8).batch(4).repeat())
+      with self.assertRaisesRegex(
+          errors.InvalidArgumentError,
+          r"The step function recorded outputs \['loss'\] but "
+          r'initial_loop_values has \[\]'):
+        strategy.extended.experimental_run_steps_on_iterator(step_fn,
+                                                             iterator)
+
+  def test_per_replica_output_needs_reduce_op(self):
+    strategy = _strategy()
+
+    def step_fn(context, inputs):
+      context.set_last_step_output('x', inputs)
+    with tf.Graph().as_default():
+      iterator = strategy.make_dataset_iterator(
+          tf.data.Dataset.range(8).batch(4).repeat())
+      with self.assertRaisesRegex(
+          errors.InvalidTypeError,
+          r"set_last_step_output\('x'\) got a per-replica value without a "
+          'reduce_op'):
+        strategy.extended.experimental_run_steps_on_iterator(
+            step_fn, iterator, initial_loop_values={'x': 0})
+      with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                  'iterations must be at least 1'):
+        strategy.extended.experimental_run_steps_on_iterator(
+            step_fn, iterator, iterations=0)
+
+
+class ConstructionTest(tf.test.TestCase):
+
+  def test_bad_arguments(self):
+    with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                'devices is empty'):
+      replicate.MirroredStrategy([])
+    with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                'name the same device more than once'):
+      replicate.MirroredStrategy(['/cpu:0', '/device:CPU:0'])
+    with self.assertRaisesRegex(errors.InvalidTypeError,
+                                'devices must be a list of device strings'):
+      replicate.MirroredStrategy('/cpu:0')
+    with self.assertRaisesRegex(errors.InvalidTypeError,
+                                'cross_tower_ops must be a'):
+      replicate.MirroredStrategy(['/cpu:0'], cross_tower_ops='nccl')
+
+  def test_default_devices(self):
+    strategy = replicate.MirroredStrategy()
+    # No GPU on the test machines: the CPU.
+    expected = len(tf.config.experimental.list_physical_devices('GPU')) or 1
+    self.assertEqual(strategy.num_replicas_in_sync, expected)
+
+  def test_update_of_another_strategys_variable_raises(self):
+    first, second = _strategy(), _strategy()
+    with tf.Graph().as_default():
+      with first.scope():
+        v = tf1.Variable(1.0)
+      with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                  'a variable of another strategy'):
+        second.extended.update(v, lambda c: c.assign(2.0))
+
+
+if __name__ == '__main__':
+  tf.test.main()

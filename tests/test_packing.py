@@ -1,0 +1,115 @@
+"""Tests for the packers: exact round trips, pack counts, placement, errors."""
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+
+from replicate import device_util
+from replicate import errors
+from replicate import packing
+from replicate import testing
+from replicate._compat import tf1
+
+_DEVICES = testing.virtual_cpu_devices(2)
+# (shape, dtype) per gradient: mixed sizes and dtypes, one float64 in between.
+_GRADS = (((), tf.float32), ((3,), tf.float32), ((2, 5), tf.float64),
+          ((7,), tf.float32), ((40, 30), tf.float32), ((1,), tf.float32))
+
+
+def _device_grads():
+  rng = np.random.RandomState(1)
+  device_grads, arrays, variables = [], [], []
+  for i, (shape, dtype) in enumerate(_GRADS):
+    variables.append(tf1.get_variable('v%d' % i, shape, dtype=dtype))
+  for d in _DEVICES:
+    grads, device_arrays = [], []
+    for (shape, dtype), var in zip(_GRADS, variables):
+      a = np.asarray(rng.randn(*shape)).astype(dtype.as_numpy_dtype)
+      with tf.device(d):
+        grads.append((tf.constant(a), var))
+      device_arrays.append(a)
+    device_grads.append(grads)
+    arrays.append(device_arrays)
+  return device_grads, arrays, variables
+
+
+class PackingTest(parameterized.TestCase, tf.test.TestCase):
+
+  @parameterized.named_parameters(
+      ('concat_1', lambda: packing.ConcatAndSplitPacker(1), 2),
+      # float32 group split in 3, the float64 group (10 elements) in 3.
+      ('concat_3', lambda: packing.ConcatAndSplitPacker(3), 6),
+      # float32: 1212 elements in 1000 packs; float64: 10 elements, fewer
+      # than 1000, so one pack per element: 1000 + 10.
+      ('concat_many', lambda: packing.ConcatAndSplitPacker(1000), 1010),
+      # <= 40 bytes: scalar, (3,) grouped; (2,5) float64 is 80 bytes alone;
+      # (7,) alone (28 bytes, but the next is large); (40,30) alone; (1,).
+      ('small_40', lambda: packing.AggregateSmallTensorPacker(40, 10), 5),
+      # Everything small; runs break at dtype changes and at 2 tensors:
+      # [scalar, (3,)], [(2,5) f64], [(7,), (40,30)], [(1,)].
+      ('small_group2', lambda: packing.AggregateSmallTensorPacker(10**6, 2), 4),
+  )
+  def test_round_trip_exact(self, make_packer, num_packed):
+    with tf.Graph().as_default():
+      device_grads, arrays, variables = _device_grads()
+      packer = make_packer()
+      packed, info = packer.pack(device_grads)
+      self.assertLen(packed, len(_DEVICES))
+      for device, device_packed in zip(_DEVICES, packed):
+        self.assertLen(device_packed, num_packed)
+        for t, _ in device_packed:
+          self.assertEqual(device_util.canonicalize(t.device),
+                           device_util.canonicalize(device))
+      unpacked = packer.unpack(packed, info)
+      for grads in unpacked:
+        self.assertEqual([v for _, v in grads], variables)
+        for (g, _), (shape, dtype) in zip(grads, _GRADS):
+          self.assertEqual(g.shape, shape)
+          self.assertEqual(g.dtype, dtype)
+      with tf1.Session(config=testing.virtual_cpu_config(2)) as sess:
+        got = sess.run([[g for g, _ in grads] for grads in unpacked])
+    for got_device, want_device in zip(got, arrays):
+      for g, w in zip(got_device, want_device):
+        self.assertAllEqual(g, w)  # exact round trip
+
+  def test_concat_pack_sizes(self):
+    with tf.Graph().as_default():
+      device_grads, _, _ = _device_grads()
+      packed, _ = packing.ConcatAndSplitPacker(2).pack(device_grads)
+      # float32: 1 + 3 + 7 + 1200 + 1 = 1212 elements -> 606 + 606;
+      # float64: 10 elements -> 5 + 5.
+      self.assertEqual([t.shape.as_list() for t, _ in packed[0]],
+                       [[606], [606], [5], [5]])
+
+  def test_errors(self):
+    for bad in (0, -1, 1.5, True):
+      with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                  'num_packs must be a positive integer'):
+        packing.ConcatAndSplitPacker(bad)
+    with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                'agg_small_grads_max_bytes must be a positive'):
+      packing.AggregateSmallTensorPacker(0, 10)
+    with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                'agg_small_grads_max_group must be a positive'):
+      packing.AggregateSmallTensorPacker(10, 0)
+    packer = packing.ConcatAndSplitPacker(1)
+    with tf.Graph().as_default():
+      a = tf.constant([1.])
+      unknown = tf1.placeholder(tf.float32, [None])
+      sparse = tf.IndexedSlices(a, tf.constant([0]))
+      with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                  'device_grads must be a non-empty list'):
+        packer.pack([])
+      with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                  'same number of \\(grad, var\\) pairs; got '
+                                  '1 and 2'):
+        packer.pack([[(a, None)], [(a, None), (a, None)]])
+      with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                  'needs fully defined shapes'):
+        packer.pack([[(unknown, None)]])
+      with self.assertRaisesRegex(errors.InvalidTypeError,
+                                  'Packing needs dense gradients'):
+        packer.pack([[(sparse, None)]])
+
+
+if __name__ == '__main__':
+  tf.test.main()

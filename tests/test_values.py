@@ -1,0 +1,186 @@
+"""Tests for device_util, values and reduce_util."""
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+
+import replicate
+from replicate import device_util
+from replicate import errors
+from replicate import reduce_util
+from replicate import values
+from replicate._compat import tf1
+
+_CPU0 = '/job:localhost/replica:0/task:0/device:CPU:0'
+_CPU1 = '/job:localhost/replica:0/task:0/device:CPU:1'
+
+
+class DeviceUtilTest(parameterized.TestCase, tf.test.TestCase):
+
+  @parameterized.parameters('/cpu:0', '/device:CPU:0', 'CPU:0', 'cpu:0', '',
+                            _CPU0, '/job:localhost/device:CPU:0')
+  def test_spellings_of_cpu0(self, spelling):
+    self.assertEqual(device_util.canonicalize(spelling), _CPU0)
+
+  def test_gpu_and_worker(self):
+    self.assertEqual(device_util.canonicalize('/gpu:1'),
+                     '/job:localhost/replica:0/task:0/device:GPU:1')
+    self.assertEqual(device_util.canonicalize('/job:worker/task:1'),
+                     '/job:worker/replica:0/task:1/device:CPU:0')
+
+  def test_default_fills_missing_parts(self):
+    self.assertEqual(
+        device_util.canonicalize('/gpu:0', default='/job:worker/task:3'),
+        '/job:worker/replica:0/task:3/device:GPU:0')
+    # The device's own parts win over the default's.
+    self.assertEqual(
+        device_util.canonicalize('/job:ps/task:0', default='/job:worker/task:3'),
+        '/job:ps/replica:0/task:0/device:CPU:0')
+
+  def test_worker_and_type(self):
+    self.assertEqual(device_util.worker_of('/job:worker/task:2/gpu:1'),
+                     '/job:worker/replica:0/task:2')
+    self.assertEqual(device_util.device_type_of('/gpu:1'), 'GPU')
+    self.assertIsNone(device_util.resolve(''))
+    self.assertEqual(device_util.resolve('/cpu:1'), _CPU1)
+
+  def test_bad_devices(self):
+    with self.assertRaisesRegex(errors.InvalidTypeError,
+                                'device must be a device string.*got 3'):
+      device_util.canonicalize(3)
+    with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                "device '/foo:bar' is not a valid device"):
+      device_util.canonicalize('/foo:bar')
+
+
+class ReduceOpTest(parameterized.TestCase, tf.test.TestCase):
+
+  @parameterized.parameters(
+      (reduce_util.ReduceOp.SUM, reduce_util.ReduceOp.SUM),
+      (reduce_util.ReduceOp.MEAN, reduce_util.ReduceOp.MEAN),
+      (tf.VariableAggregation.SUM, reduce_util.ReduceOp.SUM),
+      (tf.VariableAggregation.MEAN, reduce_util.ReduceOp.MEAN))
+  def test_conversion(self, given, expected):
+    self.assertIs(reduce_util.as_reduce_op(given), expected)
+
+  def test_exported(self):
+    self.assertIs(replicate.ReduceOp, reduce_util.ReduceOp)
+
+  @parameterized.parameters(tf.VariableAggregation.NONE,
+                            tf.VariableAggregation.ONLY_FIRST_REPLICA)
+  def test_other_aggregations(self, aggregation):
+    with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                'only SUM and MEAN combine'):
+      reduce_util.as_reduce_op(aggregation)
+
+  @parameterized.parameters('sum', None, 1)
+  def test_other_types(self, bad):
+    with self.assertRaisesRegex(ValueError,
+                                'must be replicate.ReduceOp.SUM / MEAN'):
+      reduce_util.as_reduce_op(bad)
+
+
+class ValuesTest(tf.test.TestCase):
+
+  def test_keys_canonicalized(self):
+    v = values.PerDevice({'/cpu:0': 'a', '/device:CPU:1': 'b'})
+    self.assertEqual(v.devices, (_CPU0, _CPU1))
+    self.assertEqual(v.get('CPU:1'), 'b')
+    self.assertEqual(v.get(_CPU0), 'a')
+    self.assertEqual(v.values, ('a', 'b'))
+    self.assertEqual(v.primary_device, _CPU0)
+    self.assertTrue(v.on_device('/cpu:1'))
+    self.assertFalse(v.on_device('/cpu:2'))
+    self.assertIs(replicate.PerReplica, replicate.PerDevice)
+    self.assertIn('PerDevice({', repr(v))
+
+  def test_get_uses_device_scope(self):
+    v = values.PerDevice({'/cpu:0': 'a', '/cpu:1': 'b'})
+    m = values.Mirrored({'/cpu:0': 'a', '/cpu:1': 'a1'})
+    with tf.Graph().as_default():
+      with tf.device('/cpu:1'):
+        self.assertEqual(v.get(), 'b')
+        self.assertEqual(m.get(), 'a1')
+      with tf.device('/job:localhost/task:0'):
+        with tf.device('/device:CPU:0'):
+          self.assertEqual(v.get(), 'a')  # merged scopes name CPU:0
+      # Outside any device scope: Mirrored gives its primary value.
+      self.assertEqual(m.get(), 'a')
+      with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                  'outside any tf.device scope.*pass the '
+                                  'device'):
+        v.get()
+      with tf.device('/cpu:2'):
+        with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                    'Device .*CPU:2 is not one of the devices'):
+          v.get()
+
+  def test_bad_construction(self):
+    with self.assertRaisesRegex(errors.InvalidTypeError,
+                                'built from a {device: value} dict'):
+      values.Mirrored(['/cpu:0'])
+    with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                'needs at least one device'):
+      values.PerDevice({})
+    with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                'name the same device'):
+      values.PerDevice({'/cpu:0': 1, '/device:CPU:0': 2})
+
+  def test_get_devices_from(self):
+    with tf.Graph().as_default():
+      with tf.device('/cpu:1'):
+        t = tf.constant(1.)
+        var = tf1.get_variable('v', [], use_resource=False)
+      unplaced = tf.constant(2.)
+      self.assertEqual(values.get_devices_from('/cpu:1'), (_CPU1,))
+      self.assertEqual(values.get_devices_from(['/cpu:0', 'CPU:1', 'cpu:0']),
+                       (_CPU0, _CPU1))
+      self.assertEqual(values.get_devices_from(
+          values.Mirrored({'/cpu:1': 1})), (_CPU1,))
+      self.assertEqual(values.get_devices_from(var), (_CPU1,))
+      self.assertEqual(values.get_devices_from(t), (_CPU1,))
+      for bad, message in [(None, 'destinations is None'),
+                           ('', 'destinations is an empty string'),
+                           ([], 'destinations is an empty list'),
+                           ((), 'destinations is an empty tuple'),
+                           (unplaced, 'The tensor Const_1:0 has no device')]:
+        with self.assertRaisesRegex(errors.InvalidArgumentError, message):
+          values.get_devices_from(bad)
+      with self.assertRaisesRegex(errors.InvalidTypeError,
+                                  'must hold device strings, got 3'):
+        values.get_devices_from(['/cpu:0', 3])
+      with self.assertRaisesRegex(errors.InvalidTypeError,
+                                  'destinations must be a device string'):
+        values.get_devices_from(3.5)
+
+  def test_as_per_device(self):
+    with tf.Graph().as_default():
+      with tf.device('/cpu:1'):
+        t = tf.constant(1.)
+      pd = values.as_per_device(t)
+      self.assertIsInstance(pd, values.PerDevice)
+      self.assertEqual(pd.devices, (_CPU1,))
+      with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                  'The value Const_1:0 has no device'):
+        values.as_per_device(tf.constant(2.))
+      with self.assertRaisesRegex(errors.InvalidTypeError,
+                                  'Expected a PerDevice/Mirrored value'):
+        values.as_per_device([t])
+
+  def test_select_device_and_regroup(self):
+    grouped = values.regroup({'/cpu:0': {'a': 1, 'b': [2]},
+                              '/cpu:1': {'a': 3, 'b': [4]}})
+    self.assertIsInstance(grouped['a'], values.PerDevice)
+    self.assertEqual(grouped['b'][0].values, (2, 4))
+    self.assertEqual(values.select_device('/cpu:1', grouped),
+                     {'a': 3, 'b': [4]})
+    mirrored = values.regroup({'/cpu:0': 5}, wrap_class=values.Mirrored)
+    self.assertIsInstance(mirrored, values.Mirrored)
+    with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                'regroup needs at least one device'):
+      values.regroup({})
+    with self.assertRaises(ValueError):
+      values.regroup({'/cpu:0': [1], '/cpu:1': [1, 2]})
+
+
+if __name__ == '__main__':
+  tf.test.main()
