@@ -16,6 +16,7 @@ from replicate.tower_context import get_tower_context
 # Multi-worker: between-graph training with parameter servers.
 from replicate.cluster import GreedyLoadBalancingStrategy
 from replicate.cluster import byte_size_load_fn
+from replicate import multi_worker
 
 # Errors and test helpers.
 from replicate import errors

@@ -488,6 +488,165 @@ class LocalClusterTest(tf.test.TestCase):
                      cluster['ps'][0])
 
 
+def _all_reduce_step(inputs):
+  """One replica's step: loss summed over its rows / the global batch (8)."""
+  x, y = inputs
+  w = tf1.get_variable('w', [2, 1], initializer=tf1.zeros_initializer())
+  b = tf1.get_variable('b', [1], initializer=tf1.zeros_initializer())
+  loss = tf.reduce_sum(tf.square(tf.matmul(x, w) + b - y)) / len(_X)
+  optimizer = replicate.TowerOptimizer(
+      tf1.train.GradientDescentOptimizer(_LR))
+  return optimizer.minimize(loss, global_step=tf1.train.get_global_step())
+
+
+def _train_mirrored(strategy, target, x, y, config):
+  """Trains `_STEPS` steps; returns every copy of w, b and global_step."""
+  with tf.Graph().as_default():
+    iterator = strategy.make_dataset_iterator(
+        tf.data.Dataset.from_tensors((x, y)).repeat())
+    with strategy.scope():
+      global_step = tf1.train.get_or_create_global_step()
+      train = strategy.group(strategy.experimental_run(_all_reduce_step,
+                                                       iterator))
+    w, b = tf1.trainable_variables()
+    options = tf1.RunOptions(timeout_in_ms=_OP_TIMEOUT_MS)
+    with tf1.Session(target, config=config) as sess:
+      sess.run([tf1.global_variables_initializer(), iterator.initialize()],
+               options=options)
+      for _ in range(_STEPS):
+        sess.run(train, options=options)
+      return {
+          'w': sess.run(list(w.values), options=options),
+          'b': sess.run(list(b.values), options=options),
+          'global_step': sess.run(list(global_step.values), options=options),
+          'devices': [v.device for v in w.values],
+      }
+
+
+def _without_replica(device):
+  spec = tf1.DeviceSpec.from_string(device)
+  return '/job:{}/task:{}/device:{}:{}'.format(
+      spec.job, spec.task, spec.device_type, spec.device_index)
+
+
+class AllReduceAcrossWorkersTest(tf.test.TestCase):
+  """MirroredStrategy over two workers (2 virtual CPUs each), in-process."""
+
+  @classmethod
+  def setUpClass(cls):
+    super(AllReduceAcrossWorkersTest, cls).setUpClass()
+    cls.spec = tf1.train.ClusterSpec(
+        {'worker': ['127.0.0.1:%d' % _free_port() for _ in range(2)]})
+    cls.configs = [
+        replicate.multi_worker.collective_config(
+            cls.spec, 'worker', i, tf1.ConfigProto(device_count={'CPU': 2}))
+        for i in range(2)]
+    cls.servers = [tf1.train.Server(cls.spec, job_name='worker', task_index=i,
+                                    config=cls.configs[i])
+                   for i in range(2)]
+
+  def setUp(self):
+    super(AllReduceAcrossWorkersTest, self).setUp()
+    for server in self.servers:
+      tf1.Session.reset(server.target)
+
+  def _check(self, result, num_copies):
+    w, b = _expected_variables(_STEPS)
+    self.assertLen(result['w'], num_copies)
+    for copy_w, copy_b in zip(result['w'], result['b']):
+      # Every copy identical ...
+      self.assertAllEqual(result['w'][0], copy_w)
+      self.assertAllEqual(result['b'][0], copy_b)
+      # ... and equal to gradient descent on the full batch of 8 rows: each
+      # replica's loss is its rows' squared errors / 8, and the replicas'
+      # gradients are summed.
+      self.assertAllClose(w, copy_w, rtol=1e-5, atol=1e-6)
+      self.assertAllClose(b, copy_b, rtol=1e-5, atol=1e-6)
+    self.assertAllEqual([_STEPS] * num_copies, result['global_step'])
+
+  def test_in_graph_multi_worker_all_reduce(self):
+    # One client graph over 4 devices of 2 workers; all-reduce by
+    # MultiWorkerAllReduce (pscpu within each worker, then across workers).
+    devices = replicate.multi_worker.worker_devices(self.spec, 2)
+    strategy = replicate.MirroredStrategy(
+        devices, cross_tower_ops=replicate.MultiWorkerAllReduce(
+            replicate.multi_worker.worker_tasks(self.spec), 0,
+            all_reduce_spec=('pscpu/pscpu', 2, -1)))
+    result = _train_mirrored(strategy, self.servers[0].target, _X, _Y,
+                             tf1.ConfigProto(device_count={'CPU': 2}))
+    self._check(result, 4)
+    # One copy per device, on both workers.
+    self.assertEqual(
+        ['/job:worker/task:0/device:CPU:0', '/job:worker/task:0/device:CPU:1',
+         '/job:worker/task:1/device:CPU:0', '/job:worker/task:1/device:CPU:1'],
+        [_without_replica(d) for d in result['devices']])
+
+  def test_between_graph_collective_all_reduce(self):
+    # Each worker builds its own graph over its 2 CPUs and feeds its 4 rows;
+    # CollectiveAllReduce sums the 4 replicas' gradients at run time.
+    results = {}
+
+    def worker(task_id):
+      try:
+        strategy = replicate.MirroredStrategy(
+            replicate.multi_worker.worker_devices(self.spec, 2,
+                                                  task_id=task_id),
+            cross_tower_ops=replicate.CollectiveAllReduce(num_workers=2))
+        rows = slice(4 * task_id, 4 * task_id + 4)
+        results[task_id] = _train_mirrored(
+            strategy, self.servers[task_id].target, _X[rows], _Y[rows],
+            self.configs[task_id])
+      except Exception as e:  # pylint: disable=broad-except
+        results[task_id] = e
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True)
+               for i in range(2)]
+    for thread in threads:
+      thread.start()
+    for thread in threads:
+      _join(self, thread)
+    for task_id in range(2):
+      if isinstance(results[task_id], Exception):
+        raise results[task_id]
+      self._check(results[task_id], 2)
+    # Identical variables on both workers.
+    self.assertAllEqual(results[0]['w'][0], results[1]['w'][0])
+    self.assertAllEqual(results[0]['b'][0], results[1]['b'][0])
+
+  def test_helper_errors(self):
+    with self.assertRaisesRegex(
+        replicate.errors.InvalidArgumentError,
+        r"Job 'trainer' is not in the cluster \(its jobs are \['worker'\]\)"):
+      replicate.multi_worker.worker_devices(self.spec, 2, job='trainer')
+    with self.assertRaisesRegex(
+        replicate.errors.InvalidArgumentError,
+        r"task_id 5 is not a task of job 'worker' \(its tasks are \[0, 1\]\)"):
+      replicate.multi_worker.collective_config(self.spec, 'worker', 5)
+    with self.assertRaisesRegex(
+        replicate.errors.InvalidArgumentError,
+        r'num_devices_per_worker must be a positive integer, got 0'):
+      replicate.multi_worker.worker_devices(self.spec, 0)
+    with self.assertRaisesRegex(
+        replicate.errors.InvalidArgumentError,
+        r'device_type must be "CPU" or "GPU", got .TPU.'):
+      replicate.multi_worker.worker_devices(self.spec, 1, device_type='TPU')
+    with self.assertRaisesRegex(
+        replicate.errors.InvalidTypeError,
+        r'cluster_spec must be a tf.compat.v1.train.ClusterSpec, got \{'):
+      replicate.multi_worker.worker_tasks({'worker': ['a:1']})
+
+  def test_collective_config(self):
+    base = tf1.ConfigProto(device_count={'CPU': 2},
+                           device_filters=['/job:ps'])
+    config = replicate.multi_worker.collective_config(self.spec, 'worker', 1,
+                                                      base)
+    self.assertEqual('/job:worker/replica:0/task:0',
+                     config.experimental.collective_group_leader)
+    self.assertEqual(['/job:worker/task:1'], list(config.device_filters))
+    self.assertEqual(2, config.device_count['CPU'])
+    self.assertEqual(['/job:ps'], list(base.device_filters))  # Unchanged.
+
+
 class ExampleScriptTest(tf.test.TestCase):
   """examples/local_cluster.py: ps, chief and worker as separate processes."""
 
