@@ -488,6 +488,43 @@ class LocalClusterTest(tf.test.TestCase):
                      cluster['ps'][0])
 
 
+class TrainAndEvaluateTest(tf.test.TestCase):
+  """tf.estimator.train_and_evaluate starts the task's server itself."""
+
+  def test_missing_virtual_cpu_is_a_clear_error(self):
+    # train_and_evaluate's server ignores session_config.device_count, so the
+    # chief has one CPU; soft placement (the Estimator's default in a
+    # cluster) would silently put tower 1 on CPU:0. (Without soft placement
+    # TF itself fails: "Cannot assign a device".)
+    ps_address = '127.0.0.1:%d' % _free_port()
+    cluster = {'ps': [ps_address], 'chief': ['127.0.0.1:%d' % _free_port()]}
+    ps = tf1.train.Server(tf1.train.ClusterSpec(cluster), job_name='ps',
+                          task_index=0)
+    del ps  # Serves until the process exits.
+
+    def model_fn(features, labels, mode):
+      predictions = tf1.layers.dense(features, 1)
+      loss = tf1.losses.mean_squared_error(labels, predictions)
+      train_op = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(_LR)).minimize(
+              loss, tf1.train.get_global_step())
+      return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    estimator = tf1.estimator.Estimator(
+        replicate.replicate_model_fn(model_fn,
+                                     devices=['/cpu:0', '/cpu:1']),
+        model_dir=tempfile.mkdtemp(),
+        config=_run_config(cluster, 'chief', 0, allow_soft_placement=True))
+    with self.assertRaisesRegex(
+        replicate.errors.InvalidArgumentError,
+        r"Tower device\(s\) \['/job:chief/task:0/device:CPU:1'\] do not "
+        r'exist in the cluster session'):
+      tf1.estimator.train_and_evaluate(
+          estimator,
+          tf1.estimator.TrainSpec(_input_fn(0), max_steps=2),
+          tf1.estimator.EvalSpec(_input_fn(0), steps=1))
+
+
 def _all_reduce_step(inputs):
   """One replica's step: loss summed over its rows / the global batch (8)."""
   x, y = inputs
