@@ -6,7 +6,7 @@ The public API is exactly what is imported here; everything else is private.
 
 from replicate.version import __version__
 
-# Core: replicate an Estimator model_fn (tf.contrib.estimator names).
+# Core: replicate an Estimator model_fn (contrib.estimator names).
 from replicate.model_fn import replicate_model_fn
 from replicate.device_setter import VariablePlacement
 from replicate.tower_optimizer import TowerOptimizer
@@ -22,7 +22,7 @@ from replicate import multi_worker
 from replicate import errors
 from replicate import testing
 
-# Cross-device reductions (tf.contrib.distribute names).
+# Cross-device reductions (contrib.distribute names).
 from replicate import cross_tower_ops
 from replicate import values
 from replicate.reduce_util import ReduceOp

@@ -89,7 +89,8 @@ def _split_value(value, num_shards, name):
   if isinstance(value, (tf1.SparseTensor, tf1.SparseTensorValue)):
     value = tf1.SparseTensor.from_value(value)
     batch_size = value.dense_shape[0]
-    static_batch_size = tf.get_static_value(batch_size)
+    static_shape = tf.get_static_value(value.dense_shape)
+    static_batch_size = None if static_shape is None else int(static_shape[0])
     checks = _checked_batch_size(batch_size, static_batch_size, num_shards, name)
     with tf1.control_dependencies(checks):
       # Rows go to shards in order, as dense tensors are split.

@@ -1,4 +1,4 @@
-"""Cross-tower reductions (the `tf.contrib.distribute` cross_tower_ops names).
+"""Cross-tower reductions (the TF 1.x `contrib.distribute` cross_tower_ops names).
 
 * `ReductionToOneDeviceCrossTowerOps`: reduce on one device, copy out.
 * `AllReduceCrossTowerOps`: all-reduce among the devices of one machine, by

@@ -8,8 +8,19 @@ values through a `CrossTowerOps` (by default `choose_the_best(devices)`).
 Loss rule (as in TF 1.14): each replica scales its loss to the *global*
 batch (e.g. divides its summed loss by the global batch size); gradients are
 then summed across replicas, never averaged a second time.
+
+Optimizers: inside a replica, wrap the optimizer in `replicate.TowerOptimizer`
+(or call `apply_gradients_across_replicas`); it sums gradients across
+replicas and updates every copy. A bare `tf.compat.v1` optimizer would update
+only the replica's own copy, so building such an update raises.
+
+Limits: graph mode only (TF 1.x graphs, or `tf.Graph().as_default()` on TF
+2.x); mirrored variables cannot be assigned inside a replica (no per-variable
+aggregation modes); control dependencies open around a `merge_call` do not
+carry into the merge function.
 """
 import functools
+import weakref
 
 import six
 import tensorflow as tf
@@ -27,6 +38,13 @@ from replicate import _compat
 from replicate._compat import tf1
 from replicate.mirrored_values import MirroredVariable
 from replicate.reduce_util import ReduceOp
+
+
+# Collections variables may add themselves to, whatever they were asked.
+_VARIABLE_COLLECTIONS = (tf1.GraphKeys.GLOBAL_VARIABLES,
+                         tf1.GraphKeys.TRAINABLE_VARIABLES,
+                         tf1.GraphKeys.LOCAL_VARIABLES,
+                         tf1.GraphKeys.MODEL_VARIABLES)
 
 
 def _default_devices():
@@ -62,11 +80,11 @@ class MirroredExtended(distribute_lib.StrategyExtended):
     self._given_cross_tower_ops = cross_tower_ops
     self._chosen_cross_tower_ops = None
     self._session_config = None
-    # id(copy) -> its MirroredVariable; the copies stay alive as long as the
-    # container, which this dict holds, so ids are never reused.
-    self._containers = {}
+    # id(copy) -> its MirroredVariable. An entry goes when its container
+    # does; the container holds its copies, so an id is never stale.
+    self._containers = weakref.WeakValueDictionary()
     # id(variable) -> variable, for plain variables created in scope.
-    self._plain_variables = {}
+    self._plain_variables = weakref.WeakValueDictionary()
 
   # Variables.
 
@@ -146,9 +164,11 @@ class MirroredExtended(distribute_lib.StrategyExtended):
     for copy in mirrored.values:
       self._containers[id(copy)] = mirrored
     # A trainable resource variable adds itself to TRAINABLE_VARIABLES even
-    # with collections=[]; take the copies out again.
-    trainables = tf1.get_collection_ref(tf1.GraphKeys.TRAINABLE_VARIABLES)
-    trainables[:] = [v for v in trainables if id(v) not in copy_ids]
+    # with collections=[], and a TF 2 `tf.Variable` ignores `collections`
+    # (joining GLOBAL_VARIABLES too); take the copies out again.
+    for key in set(collections) | set(_VARIABLE_COLLECTIONS):
+      members = tf1.get_collection_ref(key)
+      members[:] = [v for v in members if id(v) not in copy_ids]
     tf1.add_to_collections(collections, mirrored)
     return mirrored
 
@@ -437,7 +457,8 @@ def _apply_merged(strategy, grads_and_vars, global_step, name, optimizer):
     return apply_op
   with tf.control_dependencies([apply_op]):
     if isinstance(global_step, MirroredVariable):
-      return strategy.extended.update(
+      increment = strategy.extended.update(
           global_step, lambda copy: copy.assign_add(1, read_value=False))
+      return tf.group(increment, name=name) if name else increment
     with tf1.get_default_graph().colocate_with(global_step):
-      return tf1.assign_add(global_step, 1, name=name).op
+      return global_step.assign_add(1, name=name, read_value=False)

@@ -42,7 +42,7 @@ def replicate_model_fn(model_fn,
                        ps_strategy=None):
   """Replicates `model_fn` over local devices: one tower per device.
 
-  Drop-in for `tf.contrib.estimator.replicate_model_fn`:
+  Drop-in for contrib's `replicate_model_fn`:
 
       estimator = tf.estimator.Estimator(
           model_fn=replicate.replicate_model_fn(my_model_fn),

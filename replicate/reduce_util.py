@@ -48,7 +48,7 @@ def as_reduce_op(aggregation):
 
   Args:
     aggregation: a `ReduceOp`, or `tf.VariableAggregation.SUM` / `MEAN`
-      (the names `tf.contrib.distribute` used).
+      (the names TF 1.x `contrib.distribute` used).
 
   Returns:
     A `ReduceOp`.

@@ -4,7 +4,7 @@
 collections (`tf.losses.get_total_loss()`, `tf.losses.get_regularization_loss()`,
 `tf.get_collection(tf.GraphKeys.UPDATE_OPS)`). When one `model_fn` is called
 once per tower, every later tower would see the entries of every earlier one:
-`tf.contrib.estimator.replicate_model_fn` let tower 3 count the losses of
+contrib's `replicate_model_fn` let tower 3 count the losses of
 towers 0-2, and ran the moving-average updates of all towers concurrently on
 the same variables, so two identical runs ended with different statistics.
 

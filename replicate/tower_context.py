@@ -102,7 +102,7 @@ class _Replication(object):
 
     `SUM` keeps tower losses as they are; every other reduction averages them
     over towers (each tower's loss is already a mean over its shard), exactly
-    as `tf.contrib.estimator.replicate_model_fn` did.
+    as contrib's `replicate_model_fn` did.
 
     Args:
       loss: a tower's loss tensor, or `None`.

@@ -94,14 +94,16 @@ class TowerOptimizer(tf1.train.Optimizer):
       raise errors.InvalidArgumentError(
           'TowerOptimizer.compute_gradients needs the loss tensor in graph '
           'mode, got the callable {!r}; pass the tensor instead.'.format(loss))
-    scaled = replication.scale_loss(loss)
     if replication.tower.is_last_tower:
-      return optimizer.compute_gradients(scaled, var_list=var_list, **kwargs)
-    # Towers that do not apply keep their update ops out of the step: the
-    # gradients must not depend on the `control_dependencies(update_ops)`
-    # block models usually put around `minimize` (see tower_collections.py).
+      return optimizer.compute_gradients(
+          replication.scale_loss(loss), var_list=var_list, **kwargs)
+    # Towers that do not apply keep their update ops out of the step: neither
+    # the scaled loss nor the gradients may depend on the
+    # `control_dependencies(update_ops)` block models usually put around
+    # `minimize` (see tower_collections.py).
     with tf1.control_dependencies(None):
-      return optimizer.compute_gradients(scaled, var_list=var_list, **kwargs)
+      return optimizer.compute_gradients(
+          replication.scale_loss(loss), var_list=var_list, **kwargs)
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
     """Applies gradients: once, in the last tower, summed over all towers.

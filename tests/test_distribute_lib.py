@@ -312,6 +312,7 @@ class DefaultStrategyMethodsTest(tf.test.TestCase):
     self.assertTrue(extended.should_save_summary)
     self.assertIs(replicate.distribute_lib.DistributionStrategy,
                   replicate.Strategy)
+    self.assertIs(replicate.distribute_lib.ReduceOp, replicate.ReduceOp)
     self.assertIs(replicate.distribute_lib.DistributionStrategyExtended,
                   replicate.StrategyExtended)
 

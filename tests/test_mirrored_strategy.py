@@ -79,6 +79,19 @@ class MirroredVariableTest(tf.test.TestCase):
         self.assertAllEqual(sess.run(w), copies[0])  # Cross-replica: primary.
         self.assertAllEqual(sess.run(strategy.extended.read_var(w)), copies[0])
 
+  def test_tf_variable_v2_is_mirrored_and_collected_once(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with strategy.scope():
+        v = tf.Variable(1.0, name='v2')
+        local = tf1.Variable(
+            2.0, name='local', trainable=False,
+            collections=[tf1.GraphKeys.LOCAL_VARIABLES])
+      self.assertIsInstance(v, mirrored_strategy.MirroredVariable)
+      self.assertEqual(tf1.global_variables(), [v])
+      self.assertEqual(tf1.trainable_variables(), [v])
+      self.assertEqual(tf1.local_variables(), [local])
+
   def test_replica_reads_its_copy_and_update_changes_every_copy(self):
     strategy = _strategy()
     with tf.Graph().as_default():
@@ -148,6 +161,25 @@ class MirroredVariableTest(tf.test.TestCase):
       with tf1.Session(config=CONFIG) as sess:
         saver.restore(sess, path)
         self.assertAllEqual(sess.run(list(v.values)), [[3.0, 4.0]] * NUM)
+
+  def test_update_non_slot_runs_once_per_device(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with strategy.scope():
+        w = tf1.Variable(0.0, name='w')
+        counter = tf1.Variable(0.0, name='counter')
+        devices = strategy.extended.non_slot_devices([w])
+        # Inside each device's update, assigning the mirrored counter
+        # changes that device's copy only: one increment per copy.
+        ops = strategy.extended.update_non_slot(
+            devices, lambda: counter.assign_add(1.0, read_value=False),
+            group=False)
+      self.assertEqual(devices, w.devices)
+      self.assertLen(ops, NUM)
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(ops)
+        self.assertAllEqual(sess.run(list(counter.values)), [1.0] * NUM)
 
   def test_assign_inside_replica_raises(self):
     strategy = _strategy()
@@ -805,6 +837,32 @@ class TrainingTest(parameterized.TestCase, tf.test.TestCase):
         expected = [[0.5, 0.5], [0.75, 0.75], [0.5, 0.5], [0.25, 0.25]]
         for copy in sess.run(list(table.values)):
           self.assertAllClose(copy, expected)
+
+  def test_plain_global_step_advances_once(self):
+    strategy = _strategy()
+    expected = _numpy_sgd()
+
+    def step(inputs):
+      _, _, loss = _model_loss(*inputs)
+      optimizer = tf1.train.GradientDescentOptimizer(_LR)
+      return mirrored_strategy.apply_gradients_across_replicas(
+          optimizer, optimizer.compute_gradients(loss),
+          global_step=global_step, name='train_step')
+    with tf.Graph().as_default():
+      global_step = tf1.train.get_or_create_global_step()  # Not mirrored.
+      iterator = strategy.make_dataset_iterator(_dataset())
+      with strategy.scope():
+        result = strategy.experimental_run(step, iterator)
+      # The same op on every replica.
+      self.assertIsInstance(result, tf.Operation)
+      self.assertEqual(result.name, 'train_step')
+      w, b = tf1.trainable_variables()
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run([tf1.global_variables_initializer(), iterator.initialize()])
+        for _ in range(_STEPS):
+          sess.run(result)
+        self.assertEqual(sess.run(global_step), _STEPS)
+        self._check_copies(sess, [w, b], expected)
 
   def test_apply_gradients_across_replicas_errors(self):
     strategy = _strategy()

@@ -1,0 +1,183 @@
+"""Train a handwritten-digit classifier on 4 virtual CPU devices with replicate.
+
+The data is scikit-learn's bundled copy of the UCI handwritten digits (1,797
+8x8 images, no download). The model_fn is ordinary TF1 Estimator code; the only
+replicate-specific lines are the `replicate.TowerOptimizer` wrapper and the
+`replicate.replicate_model_fn(...)` call.
+
+    python examples/digits_demo.py [--devices 4] [--steps 1500] [--model_dir DIR]
+
+Logs loss and examples/s while training, evaluates on held-out digits (exits
+non-zero if accuracy is not above 0.9), predicts a few examples, and leaves
+TensorBoard summaries in the model directory.
+"""
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+from sklearn import datasets
+from sklearn import model_selection
+import tensorflow as tf
+
+import replicate
+
+tf1 = tf.compat.v1
+
+
+def model_fn(features, labels, mode, params):
+  """A plain two-hidden-layer MLP model_fn, as users already write them."""
+  training = mode == tf1.estimator.ModeKeys.TRAIN
+  net = features['pixels']
+  for units in params['hidden_units']:
+    net = tf1.layers.dense(net, units, activation=tf.nn.relu)
+    net = tf1.layers.dropout(net, rate=0.1, training=training)
+  logits = tf1.layers.dense(net, 10, name='logits')
+  classes = tf.argmax(logits, axis=1)
+  if mode == tf1.estimator.ModeKeys.PREDICT:
+    return tf1.estimator.EstimatorSpec(
+        mode, predictions={'class': classes,
+                           'probabilities': tf.nn.softmax(logits)})
+
+  loss = tf1.losses.sparse_softmax_cross_entropy(labels, logits)
+  accuracy = tf1.metrics.accuracy(labels, classes)
+  tower = replicate.get_tower_context()
+  if tower is None or tower.is_first_tower:  # one summary, not one per tower
+    tf1.summary.scalar('batch_accuracy',
+                       tf.reduce_mean(tf.cast(tf.equal(labels, classes),
+                                              tf.float32)))
+  optimizer = replicate.TowerOptimizer(
+      tf1.train.AdamOptimizer(params['learning_rate']))
+  train_op = optimizer.minimize(loss, tf1.train.get_global_step())
+  return tf1.estimator.EstimatorSpec(
+      mode, loss=loss, train_op=train_op,
+      eval_metric_ops={'accuracy': accuracy})
+
+
+class ThroughputHook(tf1.train.SessionRunHook):
+  """Logs loss and examples/s every `every_n_steps` steps."""
+
+  def __init__(self, loss, batch_size, every_n_steps):
+    self._loss = loss
+    self._batch_size = batch_size
+    self._every_n_steps = every_n_steps
+
+  def begin(self):
+    self._global_step = tf1.train.get_global_step()
+    self._start = None
+
+  def before_run(self, run_context):
+    return tf1.train.SessionRunArgs([self._loss, self._global_step])
+
+  def after_run(self, run_context, run_values):
+    loss, step = run_values.results
+    now = time.time()
+    if self._start is None:
+      self._start, self._start_step = now, step
+      return
+    if step % self._every_n_steps == 0:
+      rate = (step - self._start_step) * self._batch_size / (now - self._start)
+      print('step {:5d}  loss {:.4f}  {:8.0f} examples/s'.format(
+          step, loss, rate), flush=True)
+      self._start, self._start_step = now, step
+
+
+def with_throughput_logging(replicated_model_fn, batch_size, every_n_steps):
+  """Adds a ThroughputHook on the (summed) training loss of the spec."""
+
+  def logged_model_fn(features, labels, mode, params, config):
+    spec = replicated_model_fn(features, labels, mode, params, config)
+    if mode != tf1.estimator.ModeKeys.TRAIN:
+      return spec
+    hook = ThroughputHook(spec.loss, batch_size, every_n_steps)
+    return spec._replace(training_hooks=list(spec.training_hooks) + [hook])
+
+  return logged_model_fn
+
+
+def load_digits():
+  digits = datasets.load_digits()
+  pixels = (digits.data / 16.0).astype(np.float32)
+  labels = digits.target.astype(np.int64)
+  return model_selection.train_test_split(
+      pixels, labels, test_size=0.25, random_state=0, stratify=labels)
+
+
+def main(argv):
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--devices', type=int, default=4,
+                      help='number of virtual CPU devices (towers)')
+  parser.add_argument('--steps', type=int, default=1500)
+  parser.add_argument('--batch_size', type=int, default=128,
+                      help='global batch, split evenly over the towers')
+  parser.add_argument('--model_dir', default=None,
+                      help='checkpoints and TensorBoard summaries '
+                      '(default: a new temporary directory)')
+  args = parser.parse_args(argv)
+  if args.batch_size % args.devices:
+    parser.error('--batch_size {} must be a multiple of --devices {}'.format(
+        args.batch_size, args.devices))
+  model_dir = args.model_dir or tempfile.mkdtemp(prefix='replicate_digits_')
+
+  x_train, x_test, y_train, y_test = load_digits()
+  print('Digits: {} training and {} test images of 8x8 pixels; {} towers on '
+        'virtual CPUs; global batch {}.'.format(
+            len(x_train), len(x_test), args.devices, args.batch_size))
+
+  def train_input_fn():
+    dataset = tf1.data.Dataset.from_tensor_slices(({'pixels': x_train}, y_train))
+    return dataset.shuffle(len(x_train), seed=0).repeat().batch(
+        args.batch_size, drop_remainder=True)
+
+  def eval_input_fn():
+    # Every batch must split evenly over the towers, the last one included.
+    usable = len(x_test) - len(x_test) % args.devices
+    return tf1.data.Dataset.from_tensor_slices(
+        ({'pixels': x_test[:usable]}, y_test[:usable])).batch(
+            args.batch_size - args.batch_size % args.devices)
+
+  config = tf1.estimator.RunConfig(
+      model_dir=model_dir, tf_random_seed=0, save_summary_steps=50,
+      log_step_count_steps=None,
+      session_config=replicate.testing.virtual_cpu_config(args.devices))
+  estimator = tf1.estimator.Estimator(
+      model_fn=with_throughput_logging(
+          replicate.replicate_model_fn(
+              model_fn,
+              devices=replicate.testing.virtual_cpu_devices(args.devices)),
+          args.batch_size, every_n_steps=250),
+      config=config,
+      params={'hidden_units': [128, 64], 'learning_rate': 3e-3})
+
+  tf1.logging.set_verbosity(tf1.logging.ERROR)
+  start = time.time()
+  estimator.train(train_input_fn, steps=args.steps)
+  print('Trained {} steps in {:.1f} s.'.format(args.steps, time.time() - start))
+
+  metrics = estimator.evaluate(eval_input_fn)
+  print('Evaluation on {} held-out digits: accuracy {:.4f}, loss {:.4f}'.format(
+      len(x_test) - len(x_test) % args.devices, metrics['accuracy'],
+      metrics['loss']))
+
+  few = 8
+  predictions = estimator.predict(
+      lambda: tf1.data.Dataset.from_tensor_slices(
+          {'pixels': x_test[:few]}).batch(few))
+  for i, prediction in enumerate(predictions):
+    print('  digit {}: predicted {} (p={:.3f}), true {}'.format(
+        i, prediction['class'], prediction['probabilities'].max(), y_test[i]))
+
+  print('TensorBoard summaries and checkpoints: {}\n  tensorboard --logdir {}'
+        .format(model_dir, model_dir))
+  if metrics['accuracy'] <= 0.9:
+    print('FAILED: accuracy {:.4f} is not above 0.9'.format(
+        metrics['accuracy']))
+    return 1
+  return 0
+
+
+if __name__ == '__main__':
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  sys.exit(main(sys.argv[1:]))

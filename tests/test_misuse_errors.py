@@ -1,0 +1,231 @@
+"""Every misuse of replicate_model_fn / TowerOptimizer raises a clear error."""
+import numpy as np
+import tensorflow as tf
+
+import replicate
+from replicate import errors
+from replicate._compat import tf1
+
+import model_testing as mt
+
+
+def _spec(mode, loss, train_op=None, **kwargs):
+  return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op,
+                                     **kwargs)
+
+
+def _build(model_fn, devices, features=None, labels=None, mode=mt.TRAIN,
+           **kwargs):
+  with tf.Graph().as_default() as graph:
+    tf1.train.get_or_create_global_step()
+    if features is None:
+      features = {'x': np.zeros([8, 3], np.float32)}
+    # Inputs are given as NumPy values and become constants of this graph.
+    features = tf.nest.map_structure(tf.constant, features)
+    if labels is not None:
+      labels = tf.constant(labels)
+    replicate.replicate_model_fn(model_fn, devices=devices, **kwargs)(
+        features, labels, mode)
+  return graph
+
+
+def _linear_model_fn(features, labels, mode):
+  del labels
+  w = tf1.get_variable('w', [3, 1])
+  loss = tf.reduce_mean(tf.matmul(features['x'], w))
+  train_op = replicate.TowerOptimizer(
+      tf1.train.GradientDescentOptimizer(0.1)).minimize(loss)
+  return _spec(mode, loss, train_op)
+
+
+class ArgumentErrorsTest(tf.test.TestCase):
+
+  def test_reduction_none(self):
+    with self.assertRaisesRegex(ValueError,
+                                'loss_reduction NONE is not supported'):
+      replicate.replicate_model_fn(_linear_model_fn,
+                                   loss_reduction=tf1.losses.Reduction.NONE)
+
+  def test_unknown_reduction(self):
+    with self.assertRaisesRegex(ValueError, "Unknown loss_reduction 'average'"):
+      replicate.replicate_model_fn(_linear_model_fn, loss_reduction='average')
+
+  def test_model_fn_not_callable(self):
+    with self.assertRaisesRegex(TypeError, 'model_fn must be callable'):
+      replicate.replicate_model_fn('my_model_fn')
+
+  def test_devices_empty(self):
+    with self.assertRaisesRegex(ValueError, 'devices is empty'):
+      replicate.replicate_model_fn(_linear_model_fn, devices=[])
+
+  def test_devices_a_string(self):
+    with self.assertRaisesRegex(TypeError, 'devices must be a list'):
+      replicate.replicate_model_fn(_linear_model_fn, devices='/gpu:0')
+
+  def test_devices_repeated(self):
+    # '/cpu:0' and '/device:CPU:0' are the same device.
+    with self.assertRaisesRegex(ValueError, "'/device:CPU:0' is listed twice"):
+      replicate.replicate_model_fn(_linear_model_fn,
+                                   devices=['/cpu:0', '/device:CPU:0'])
+
+  def test_device_unparsable(self):
+    with self.assertRaisesRegex(ValueError, "Cannot parse device '/gpu:zero'"):
+      replicate.replicate_model_fn(_linear_model_fn, devices=['/gpu:zero'])
+
+  def test_device_not_a_string(self):
+    with self.assertRaisesRegex(TypeError, 'Devices must be strings'):
+      replicate.replicate_model_fn(_linear_model_fn, devices=[0, 1])
+
+  def test_variable_placement_string(self):
+    with self.assertRaisesRegex(ValueError, 'must be a replicate.VariablePlacement'):
+      replicate.replicate_model_fn(_linear_model_fn,
+                                   variable_placement='round_robin')
+
+  def test_device_missing_from_session_config(self):
+    # The default session has one CPU: CPU:1 would silently fall back to CPU:0.
+    config = tf1.estimator.RunConfig()
+    with tf.Graph().as_default():
+      fn = replicate.replicate_model_fn(_linear_model_fn, devices=mt.cpus(2))
+      with self.assertRaisesRegex(
+          ValueError, r'Device /device:CPU:1 does not exist: the session has '
+          r'1 CPU device\(s\).*device_count=\{"CPU": 2\}'):
+        fn({'x': tf.zeros([8, 3])}, None, mt.TRAIN, config=config)
+
+  def test_tower_optimizer_wraps_optimizers_only(self):
+    with self.assertRaisesRegex(TypeError, 'TowerOptimizer wraps a '
+                                'tf.compat.v1.train.Optimizer'):
+      replicate.TowerOptimizer(0.1)
+
+  def test_optimizer_fn_must_return_optimizer(self):
+    optimizer = replicate.TowerOptimizer(lambda: 'sgd')
+    with tf.Graph().as_default():
+      with self.assertRaisesRegex(TypeError, "returned 'sgd' of type str"):
+        optimizer.compute_gradients(tf.constant(1.))
+
+
+class ModelFnErrorsTest(tf.test.TestCase):
+
+  def test_batch_not_divisible(self):
+    with self.assertRaisesRegex(
+        ValueError, r"Batch size 6 of features\['x'\] is not divisible by the "
+        r'number of towers \(4\)'):
+      _build(_linear_model_fn, mt.cpus(4), features={'x': np.zeros([6, 3], np.float32)})
+
+  def test_dynamic_batch_not_divisible_fails_at_run_time(self):
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [None, 3])
+      spec = replicate.replicate_model_fn(_linear_model_fn, devices=mt.cpus(4))(
+          {'x': x}, None, mt.TRAIN)
+      with tf1.Session(config=replicate.testing.virtual_cpu_config(4)) as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(spec.train_op, {x: np.zeros([8, 3])})  # 8 = 4 * 2: fine
+        with self.assertRaisesRegex(
+            tf.errors.InvalidArgumentError,
+            r'is not divisible by the number of towers \(4\)'):
+          sess.run(spec.train_op, {x: np.zeros([6, 3])})
+
+  def test_scalar_feature(self):
+    with self.assertRaisesRegex(
+        ValueError, r"features\['x'\] is a scalar, but every feature"):
+      _build(_linear_model_fn, mt.cpus(2), features={'x': np.float32(1.)})
+
+  def test_missing_tower_optimizer(self):
+    def model_fn(features, labels, mode):
+      del labels
+      w = tf1.get_variable('w', [3, 1])
+      loss = tf.reduce_mean(tf.matmul(features['x'], w))
+      train_op = tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
+      return _spec(mode, loss, train_op)
+
+    with self.assertRaisesRegex(
+        ValueError, 'Wrap optimizers with replicate.TowerOptimizer'):
+      _build(model_fn, mt.cpus(2))
+    _build(model_fn, mt.cpus(1))  # one device: a plain optimizer is fine
+
+  def test_different_optimizer_calls(self):
+    def model_fn(features, labels, mode):
+      del labels
+      w = tf1.get_variable('w', [3, 1])
+      loss = tf.reduce_mean(tf.matmul(features['x'], w))
+      optimizer = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1))
+      ops = [optimizer.minimize(loss)]
+      if replicate.get_tower_context().tower_id == 0:
+        ops.append(optimizer.minimize(2 * loss))
+      return _spec(mode, loss, tf.group(*ops))
+
+    with self.assertRaisesRegex(
+        ValueError, r'made \[2, 1\] apply_gradients calls'):
+      _build(model_fn, mt.cpus(2))
+
+  def test_different_optimizer_order(self):
+    def model_fn(features, labels, mode):
+      del labels
+      w = tf1.get_variable('w', [3, 1])
+      loss = tf.reduce_mean(tf.matmul(features['x'], w))
+      sgd = replicate.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.1))
+      adam = replicate.TowerOptimizer(tf1.train.AdamOptimizer(0.1))
+      first, second = (sgd, adam) if replicate.get_tower_context(
+      ).tower_id == 0 else (adam, sgd)
+      return _spec(mode, loss, tf.group(first.minimize(loss),
+                                        second.minimize(loss)))
+
+    with self.assertRaisesRegex(
+        ValueError, "used optimizer 'GradientDescent' in tower 0 and 'Adam'"):
+      _build(model_fn, mt.cpus(2))
+
+  def test_unshared_variables(self):
+    def model_fn(features, labels, mode):
+      del labels
+      w = tf.Variable(tf.ones([3, 1]), name='unshared')
+      loss = tf.reduce_mean(tf.matmul(features['x'], w))
+      train_op = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1)).minimize(loss)
+      return _spec(mode, loss, train_op)
+
+    with self.assertRaisesRegex(
+        ValueError, r"Tower 1 created trainable variables \['tower_1/unshared'\]"):
+      _build(model_fn, mt.cpus(2))
+
+  def test_different_metrics(self):
+    def model_fn(features, labels, mode):
+      del labels
+      loss = tf.reduce_mean(features['x'])
+      metrics = {'mean': tf1.metrics.mean(features['x'])}
+      if replicate.get_tower_context().tower_id == 1:
+        metrics = {'total': tf1.metrics.mean(features['x'])}
+      return _spec(mode, loss, eval_metric_ops=metrics)
+
+    with self.assertRaisesRegex(
+        ValueError, r"same eval_metric_ops, but tower 0 returned keys \['mean'\] "
+        r"and tower 1 returned \['total'\]"):
+      _build(model_fn, mt.cpus(2), mode=mt.EVAL)
+
+  def test_different_metric_variables(self):
+    def model_fn(features, labels, mode):
+      del labels
+      loss = tf.reduce_mean(features['x'])
+      if replicate.get_tower_context().tower_id == 1:
+        metric = tf1.metrics.mean_tensor(features['x'])  # 2 variables, shaped
+      else:
+        metric = tf1.metrics.mean(features['x'])
+      return _spec(mode, loss, eval_metric_ops={'m': metric})
+
+    with self.assertRaisesRegex(ValueError, 'does not match'):
+      _build(model_fn, mt.cpus(2), mode=mt.EVAL)
+
+  def test_model_fn_returns_wrong_type(self):
+    with self.assertRaisesRegex(TypeError, 'must return a '
+                                'tf.estimator.EstimatorSpec'):
+      _build(lambda features, labels, mode: features, mt.cpus(2))
+
+  def test_labels_without_labels_argument(self):
+    def model_fn(features, mode):
+      return _spec(mode, tf.reduce_mean(features['x']))
+
+    with self.assertRaisesRegex(ValueError, 'model_fn takes no `labels`'):
+      _build(model_fn, mt.cpus(2), labels=np.zeros([8], np.float32), mode=mt.EVAL)
+
+
+if __name__ == '__main__':
+  tf.test.main()

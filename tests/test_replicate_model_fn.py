@@ -1,0 +1,388 @@
+"""replicate_model_fn: training equivalence, EVAL/PREDICT merging, placement."""
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+
+import replicate
+from replicate._compat import tf1
+
+import model_testing as mt
+
+REDUCTION = tf1.losses.Reduction
+
+
+class TrainingEquivalenceTest(tf.test.TestCase, parameterized.TestCase):
+  """N towers on the full batch train exactly like one device."""
+
+  @parameterized.named_parameters(
+      ('mean_2', REDUCTION.MEAN, 2),
+      ('mean_4', REDUCTION.MEAN, 4),
+      ('nonzero_weights_2', REDUCTION.SUM_BY_NONZERO_WEIGHTS, 2),
+      ('nonzero_weights_4', REDUCTION.SUM_BY_NONZERO_WEIGHTS, 4),
+      ('sum_over_batch_size_4', REDUCTION.SUM_OVER_BATCH_SIZE, 4),
+      ('sum_4', REDUCTION.SUM, 4),
+  )
+  def test_same_variables_as_one_device(self, reduction, num_towers):
+    features, labels = mt.data(batch_size=8)
+    params = {'reduction': reduction}
+    # The model reduces its loss with `reduction` and tells replicate so:
+    # SUM adds tower losses, the others average them over towers.
+    expected = mt.train_variables(mt.mlp_model_fn, features, labels,
+                                  mt.cpus(1), loss_reduction=reduction,
+                                  params=params)
+    actual = mt.train_variables(mt.mlp_model_fn, features, labels,
+                                mt.cpus(num_towers), loss_reduction=reduction,
+                                params=params)
+    self.assertEqual(sorted(expected), sorted(actual))
+    for name in expected:
+      self.assertAllClose(expected[name], actual[name], rtol=1e-5, atol=1e-6,
+                          msg=name)
+    self.assertEqual(3, actual['global_step'])  # 3 steps, incremented once each
+
+  def test_linear_model_by_hand(self):
+    # w starts at 1; loss_i = mean over tower i of (w * x)^2 / 2, MEAN.
+    # Batch x = [1, 2, 3, 4] on 2 towers: shards [1, 2] and [3, 4].
+    # Gradient of the global mean: mean(w * x^2) = (1 + 4 + 9 + 16) / 4 = 7.5,
+    # and each tower contributes (1/2) * mean over its shard:
+    # (1/2) * (1 + 4) / 2 + (1/2) * (9 + 16) / 2 = 1.25 + 6.25 = 7.5.
+    # One step of SGD with lr 0.1: w = 1 - 0.1 * 7.5 = 0.25.
+    def model_fn(features, labels, mode):
+      del labels
+      w = tf1.get_variable('w', [], initializer=tf1.ones_initializer())
+      loss = tf.reduce_mean(tf.square(w * features['x'])) / 2
+      train_op = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1)).minimize(loss)
+      return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    values = mt.train_variables(
+        model_fn, {'x': np.array([1., 2., 3., 4.], np.float32)}, None,
+        mt.cpus(2), steps=1)
+    self.assertAllClose(0.25, values['w'])
+
+  def test_regularization_counts_once(self):
+    # loss = data loss + tf.losses.get_regularization_loss(). The L2 term is
+    # created once (with the shared variables, in tower 0); each tower must
+    # see it so that averaging over towers keeps it exactly once.
+    features, labels = mt.data(batch_size=8)
+    for reduction in (REDUCTION.MEAN, REDUCTION.SUM):
+      params = {
+          'reduction': reduction,
+          'add_regularization': True,
+          'regularizer': tf.keras.regularizers.l2(0.5),
+      }
+      expected = mt.train_variables(mt.mlp_model_fn, features, labels,
+                                    mt.cpus(1), loss_reduction=reduction,
+                                    params=params)
+      actual = mt.train_variables(mt.mlp_model_fn, features, labels,
+                                  mt.cpus(4), loss_reduction=reduction,
+                                  params=params)
+      for name in expected:
+        self.assertAllClose(expected[name], actual[name], rtol=1e-5,
+                            atol=1e-6, msg='{} {}'.format(reduction, name))
+
+  def test_get_total_loss_sees_only_own_tower(self):
+    # tf.losses.get_total_loss() reads the LOSSES collection; tower i must not
+    # count the losses of towers 0..i-1 (contrib's towers did).
+    def model_fn(features, labels, mode):
+      logits = tf1.layers.dense(
+          features['x'], 1,
+          kernel_initializer=tf1.glorot_uniform_initializer(seed=3))
+      tf1.losses.sigmoid_cross_entropy(labels, logits)
+      loss = tf1.losses.get_total_loss()
+      train_op = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(0.5)).minimize(loss)
+      return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    features, labels = mt.data(batch_size=8)
+    expected = mt.train_variables(model_fn, features, labels, mt.cpus(1))
+    actual = mt.train_variables(model_fn, features, labels, mt.cpus(4))
+    for name in expected:
+      self.assertAllClose(expected[name], actual[name], rtol=1e-5, atol=1e-6)
+
+  def test_two_optimizers_same_order(self):
+    # A GAN-like model_fn: two optimizers, each over its own variables.
+    def model_fn(features, labels, mode):
+      del labels
+      with tf1.variable_scope('g'):
+        g = tf1.get_variable('w', [], initializer=tf1.ones_initializer())
+      with tf1.variable_scope('d'):
+        d = tf1.get_variable('w', [], initializer=tf1.ones_initializer())
+      g_loss = tf.reduce_mean(g * features['x'])
+      d_loss = tf.reduce_mean(d * d * features['x'])
+      g_train = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1)).minimize(
+              g_loss, var_list=[g])
+      d_train = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1)).minimize(
+              d_loss, var_list=[d])
+      return tf1.estimator.EstimatorSpec(
+          mode, loss=g_loss + d_loss, train_op=tf.group(g_train, d_train))
+
+    x = {'x': np.array([1., 2., 3., 6.], np.float32)}
+    values = mt.train_variables(model_fn, x, None, mt.cpus(4), steps=1)
+    # mean(x) = 3. dg = mean(x) = 3 -> g = 1 - 0.3 = 0.7.
+    # dd = mean(2 d x) = 6 -> d = 1 - 0.6 = 0.4.
+    self.assertAllClose(0.7, values['g/w'])
+    self.assertAllClose(0.4, values['d/w'])
+
+  def test_optimizer_fn_and_adam_match_one_device(self):
+    features, labels = mt.data(batch_size=8)
+    params = {'optimizer_fn': lambda: tf1.train.AdamOptimizer(0.1)}
+    expected = mt.train_variables(mt.mlp_model_fn, features, labels,
+                                  mt.cpus(1), params=params)
+    actual = mt.train_variables(mt.mlp_model_fn, features, labels,
+                                mt.cpus(4), params=params)
+    # Adam's slots and beta powers keep the unreplicated names.
+    self.assertEqual(sorted(expected), sorted(actual))
+    for name in expected:
+      self.assertAllClose(expected[name], actual[name], rtol=1e-5, atol=1e-6,
+                          msg=name)
+
+  def test_sparse_gradients_stay_sparse(self):
+    # An embedding lookup gives IndexedSlices gradients; they are concatenated
+    # across towers, never densified.
+    def model_fn(features, labels, mode):
+      table = tf1.get_variable('table', [10, 2],
+                               initializer=tf1.ones_initializer())
+      emb = tf.nn.embedding_lookup(table, features['ids'])
+      loss = tf.reduce_mean(tf.square(emb - labels))
+      train_op = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(1.0)).minimize(loss)
+      return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    ids = np.array([0, 1, 1, 3], np.int32)
+    labels = np.zeros((4, 2), np.float32)
+    with tf.Graph().as_default() as graph:
+      spec = replicate.replicate_model_fn(model_fn, devices=mt.cpus(2))(
+          {'ids': tf.constant(ids)}, tf.constant(labels), mt.TRAIN)
+      op_types = set(op.type for op in graph.get_operations())
+      # No dense conversion of the gradients: no UnsortedSegmentSum over the
+      # whole table, and the sparse update op is used.
+      # Sparse updates are used, and nothing converts the gradient to a dense
+      # tensor (that would add an UnsortedSegmentSum over the whole table).
+      self.assertTrue(
+          op_types & {'ScatterSub', 'ResourceScatterSub', 'ResourceScatterAdd'},
+          sorted(op_types))
+      self.assertNotIn('UnsortedSegmentSum', op_types)
+      with tf1.Session(config=replicate.testing.virtual_cpu_config(2)) as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(spec.train_op)
+        table = sess.run(tf1.global_variables()[0])
+    # loss = mean over 4 ids x 2 dims of emb^2; d/d emb = 2 emb / 8 = 0.25.
+    # Row 1 is looked up twice: 1 - 2 * 0.25 = 0.5; rows 0, 3: 0.75; others 1.
+    expected = np.ones((10, 2), np.float32)
+    expected[[0, 3]] = 0.75
+    expected[1] = 0.5
+    self.assertAllClose(expected, table)
+
+
+class EvalAndPredictTest(tf.test.TestCase):
+
+  def _eval(self, num_towers, steps=2):
+    features, labels = mt.data(batch_size=8)
+    with tf.Graph().as_default():
+      tf1.train.get_or_create_global_step()
+      spec = replicate.replicate_model_fn(
+          mt.mlp_model_fn, loss_reduction=REDUCTION.MEAN,
+          devices=mt.cpus(num_towers))(
+              {'x': tf.constant(features['x'])}, tf.constant(labels), mt.EVAL,
+              {})
+      with tf1.Session(config=replicate.testing.virtual_cpu_config(4)) as sess:
+        sess.run([tf1.global_variables_initializer(),
+                  tf1.local_variables_initializer()])
+        for _ in range(steps):
+          sess.run([op for _, op in spec.eval_metric_ops.values()])
+        values = sess.run({k: v for k, (v, _) in spec.eval_metric_ops.items()})
+        values['loss'] = sess.run(spec.loss)
+        return values
+
+  def test_metrics_match_one_device(self):
+    expected = self._eval(1)
+    for num_towers in (2, 4):
+      actual = self._eval(num_towers)
+      self.assertAllClose(expected, actual, rtol=1e-6)
+
+  def test_metric_reduction_is_idempotent(self):
+    features, labels = mt.data(batch_size=4)
+    with tf.Graph().as_default():
+      tf1.train.get_or_create_global_step()
+      spec = replicate.replicate_model_fn(
+          mt.mlp_model_fn, devices=mt.cpus(2))(
+              {'x': tf.constant(features['x'])}, tf.constant(labels), mt.EVAL,
+              {})
+      value, update = spec.eval_metric_ops['mean_probability']
+      with tf1.Session(config=replicate.testing.virtual_cpu_config(2)) as sess:
+        sess.run([tf1.global_variables_initializer(),
+                  tf1.local_variables_initializer()])
+        sess.run(update)
+        once = sess.run(value)
+        sess.run(update)
+        twice = sess.run(value)
+    # Two updates on the same batch: the running mean is unchanged.
+    self.assertAllClose(once, twice)
+
+  def test_predictions_in_batch_order(self):
+    features, _ = mt.data(batch_size=8)
+    outputs = {}
+    for num_towers in (1, 4):
+      with tf.Graph().as_default():
+        spec = replicate.replicate_model_fn(
+            mt.mlp_model_fn, devices=mt.cpus(num_towers))(
+                {'x': tf.constant(features['x'])}, None, mt.PREDICT, {})
+        export = spec.export_outputs['regression']
+        with tf1.Session(
+            config=replicate.testing.virtual_cpu_config(4)) as sess:
+          sess.run(tf1.global_variables_initializer())
+          outputs[num_towers] = sess.run([spec.predictions, export.value])
+    self.assertAllClose(outputs[1], outputs[4])
+    self.assertEqual((8, 1), outputs[4][1].shape)
+
+  def test_export_outputs_concatenated(self):
+    def model_fn(features, labels, mode):
+      del labels
+      scores = tf.stack([features['x'], -features['x']], axis=1)
+      classes = tf.tile(tf.constant([['a', 'b']]), [tf.shape(scores)[0], 1])
+      return tf1.estimator.EstimatorSpec(
+          mode, predictions={'scores': scores},
+          export_outputs={
+              'serving_default': tf1.estimator.export.ClassificationOutput(
+                  scores=scores, classes=classes),
+              'predict': tf1.estimator.export.PredictOutput({'s': scores}),
+          })
+
+    with tf.Graph().as_default():
+      spec = replicate.replicate_model_fn(model_fn, devices=mt.cpus(2))(
+          {'x': tf.constant([1., 2., 3., 4.])}, None, mt.PREDICT)
+      classification = spec.export_outputs['serving_default']
+      self.assertEqual([4, 2], classification.classes.shape.as_list())
+      with tf1.Session(config=replicate.testing.virtual_cpu_config(2)) as sess:
+        scores, classes, predicted = sess.run([
+            classification.scores, classification.classes,
+            spec.export_outputs['predict'].outputs['s']
+        ])
+    self.assertAllClose([[1, -1], [2, -2], [3, -3], [4, -4]], scores)
+    self.assertAllClose(scores, predicted)
+    self.assertAllEqual([[b'a', b'b']] * 4, classes)
+
+
+class PlacementAndNamingTest(tf.test.TestCase):
+
+  def _build(self, devices, **kwargs):
+    features, labels = mt.data(batch_size=8)
+    graph = tf.Graph()
+    with graph.as_default():
+      tf1.train.get_or_create_global_step()
+      replicate.replicate_model_fn(mt.mlp_model_fn, devices=devices, **kwargs)(
+          {'x': tf.constant(features['x'])}, tf.constant(labels), mt.TRAIN,
+          {})
+    return graph
+
+  def test_variables_on_consolidation_device_and_unreplicated_names(self):
+    graph = self._build(mt.cpus(4))
+    with graph.as_default():
+      names = sorted(v.op.name for v in tf1.global_variables())
+      for var in tf1.global_variables():
+        if var.op.name != 'global_step':
+          self.assertEqual('/device:CPU:0', var.device, var.op.name)
+    self.assertEqual(
+        ['global_step', 'hidden/bias', 'hidden/kernel', 'logits/bias',
+         'logits/kernel'], names)
+    ops = {op.name: op for op in graph.get_operations()}
+    # Tower 0 has no prefix; tower 3 runs on CPU:3 under tower_3/.
+    self.assertIn('hidden/MatMul', ops)
+    self.assertEqual('/device:CPU:0', ops['hidden/MatMul'].device)
+    self.assertEqual('/device:CPU:3', ops['tower_3/hidden/MatMul'].device)
+
+  def test_round_robin_placement(self):
+    graph = self._build(
+        mt.cpus(2),
+        variable_placement=replicate.VariablePlacement.ROUND_ROBIN)
+    with graph.as_default():
+      devices = [v.device for v in tf1.trainable_variables()]
+    # Four trainable variables alternate over the two tower devices.
+    self.assertEqual(['/device:CPU:0', '/device:CPU:1'] * 2, devices)
+
+  def test_no_replication_state_left_in_graph(self):
+    graph = self._build(mt.cpus(4))
+    for key in graph.get_all_collection_keys():
+      self.assertNotIn('replicate', key)
+    self.assertIsNone(replicate.get_tower_context())
+
+  def test_tower_context_visible_in_model_fn(self):
+    seen = []
+
+    def model_fn(features, labels, mode):
+      del labels
+      context = replicate.get_tower_context()
+      seen.append((context.tower_id, context.num_towers, context.device,
+                   context.is_first_tower, context.is_last_tower))
+      return tf1.estimator.EstimatorSpec(mode, predictions=features)
+
+    with tf.Graph().as_default():
+      replicate.replicate_model_fn(model_fn, devices=['/cpu:0', '/cpu:1'])(
+          tf.zeros([4, 1]), None, mt.PREDICT)
+    self.assertEqual([(0, 2, '/device:CPU:0', True, False),
+                      (1, 2, '/device:CPU:1', False, True)], seen)
+
+  def test_single_device_is_only_placed(self):
+    graph = self._build(['/cpu:1'])
+    ops = [op.name for op in graph.get_operations()]
+    self.assertFalse(any(name.startswith('split_inputs') for name in ops))
+    self.assertFalse(any(name.startswith('tower_') for name in ops))
+    self.assertEqual('/device:CPU:1',
+                     graph.get_operation_by_name('hidden/MatMul').device)
+
+
+class UpdateOpsPolicyTest(tf.test.TestCase):
+  """Batch-norm moving statistics: the applying (last) tower's updates only."""
+
+  @staticmethod
+  def _model_fn(features, labels, mode):
+    normalized = tf1.layers.batch_normalization(
+        features['x'], momentum=0.5, training=mode == mt.TRAIN, name='bn')
+    logits = tf1.layers.dense(
+        normalized, 1, kernel_initializer=tf1.glorot_uniform_initializer(
+            seed=4), name='logits')
+    loss = tf1.losses.sigmoid_cross_entropy(labels, logits)
+    update_ops = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)
+    with tf1.control_dependencies(update_ops):
+      train_op = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1)).minimize(
+              loss, tf1.train.get_global_step())
+    return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+  def test_moving_statistics_deterministic_and_from_last_tower(self):
+    x = np.arange(32, dtype=np.float32).reshape(8, 4)
+    labels = np.ones((8, 1), np.float32)
+    first = mt.train_variables(self._model_fn, {'x': x}, labels, mt.cpus(4),
+                               steps=1)
+    second = mt.train_variables(self._model_fn, {'x': x}, labels, mt.cpus(4),
+                                steps=1)
+    for name in ('bn/moving_mean', 'bn/moving_variance'):
+      self.assertAllEqual(first[name], second[name])  # bit-identical
+    # One step, momentum 0.5, moving_mean starts at 0: 0.5 * mean(last shard).
+    # The last tower's shard is rows 6, 7: x[6:8].mean(0) = [26, 27, 28, 29].
+    self.assertAllClose(0.5 * x[6:8].mean(axis=0), first['bn/moving_mean'])
+    # Longer runs stay bit-identical too.
+    third = mt.train_variables(self._model_fn, {'x': x}, labels, mt.cpus(4),
+                               steps=4)
+    fourth = mt.train_variables(self._model_fn, {'x': x}, labels, mt.cpus(4),
+                                steps=4)
+    for name in ('bn/moving_mean', 'bn/moving_variance'):
+      self.assertAllEqual(third[name], fourth[name])
+
+  def test_collection_holds_applying_tower_updates_afterwards(self):
+    x = np.zeros((8, 4), np.float32)
+    with tf.Graph().as_default() as graph:
+      tf1.train.get_or_create_global_step()
+      replicate.replicate_model_fn(self._model_fn, devices=mt.cpus(4))(
+          {'x': tf.constant(x)}, tf.constant(np.ones((8, 1), np.float32)),
+          mt.TRAIN)
+      updates = graph.get_collection(tf1.GraphKeys.UPDATE_OPS)
+    self.assertLen(updates, 2)  # moving mean and variance of one tower
+    for op in updates:
+      self.assertTrue(op.name.startswith('tower_3/'), op.name)
+
+
+if __name__ == '__main__':
+  tf.test.main()
