@@ -31,6 +31,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -164,6 +165,7 @@ def _child(args):
   deadline = time.time() + args.timeout_secs
   tf_config = json.loads(os.environ['TF_CONFIG'])
   task = tf_config['task']
+  _exit_at(deadline, task)
   # Servers are started here rather than by tf.estimator.train_and_evaluate,
   # which starts them without the session config's device_count, i.e. with
   # one CPU. (On machines with real GPUs, train_and_evaluate is fine.)
@@ -172,10 +174,20 @@ def _child(args):
       task_index=task['index'],
       config=tf1.ConfigProto(device_count={'CPU': _NUM_CPUS}))
   if task['type'] == 'ps':
-    # A ps serves until the parent kills it; bounded all the same.
-    time.sleep(max(0., deadline - time.time()))
+    server.join()  # Until the parent kills it, or the watchdog ends it.
     return 0
   return _train(args, tf, tf1, server, task, deadline)
+
+
+def _exit_at(deadline, task):
+  """Ends this process at `deadline` even if TF blocks, or the parent died."""
+
+  def watchdog():
+    time.sleep(max(0., deadline - time.time()))
+    print('%s: timed out, exiting.' % task['type'], flush=True)
+    os._exit(3)  # pylint: disable=protected-access
+
+  threading.Thread(target=watchdog, daemon=True).start()
 
 
 def _make_model_fn(tf, tf1, out_path):
@@ -306,7 +318,12 @@ def _train(args, tf, tf1, server, task, deadline):
 def main():
   args = _parse_args()
   if args.child:
-    return _child(args)
+    code = _child(args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # A TF server cannot be stopped; skip the interpreter teardown, where
+    # TF 1.15's Server.__del__ prints a spurious AttributeError.
+    os._exit(code)  # pylint: disable=protected-access
   return _run_cluster(args)
 
 
