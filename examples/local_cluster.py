@@ -172,7 +172,8 @@ def _child(args):
   server = tf1.train.Server(
       tf1.train.ClusterSpec(tf_config['cluster']), job_name=task['type'],
       task_index=task['index'],
-      config=tf1.ConfigProto(device_count={'CPU': _NUM_CPUS}))
+      config=tf1.ConfigProto(device_count={
+          'CPU': 1 if task['type'] == 'ps' else _NUM_CPUS}))
   if task['type'] == 'ps':
     server.join()  # Until the parent kills it, or the watchdog ends it.
     return 0

@@ -218,6 +218,45 @@ class PlacementTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual('/job:ps/task:1/device:CPU:0',
                      self._variable_devices(graph)['small/bias'])
 
+  def test_sync_replicas_state_placement(self):
+
+    def model_fn(features, labels, mode):
+      predictions = tf1.layers.dense(features, 1)
+      loss = tf1.losses.mean_squared_error(labels, predictions)
+      optimizer = replicate.TowerOptimizer(tf1.train.SyncReplicasOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1), 2, 2))
+      train_op = optimizer.minimize(loss, tf1.train.get_global_step())
+      return tf1.estimator.EstimatorSpec(
+          mode, loss=loss, train_op=train_op,
+          training_hooks=[optimizer.make_session_run_hook(False)])
+
+    config = _run_config(self.CLUSTER, 'worker', 1)
+    graph = tf.Graph()
+    with graph.as_default():
+      # As the Estimator does: its replica_device_setter around everything.
+      with tf1.device(tf1.train.replica_device_setter(
+          ps_tasks=2, worker_device='/job:worker/task:1', merge_devices=True,
+          cluster=config.cluster_spec)):
+        tf1.train.create_global_step()
+        replicate.replicate_model_fn(model_fn, devices=['/cpu:0', '/cpu:1'])(
+            tf.ones([4, 3]), tf.ones([4, 1]), tf1.estimator.ModeKeys.TRAIN,
+            None, config)
+      local_step, = [v for v in tf1.local_variables()
+                     if 'sync_rep_local_step' in v.op.name]
+    # Each worker's local step stays on the worker (never shared on a ps).
+    self.assertEqual('/job:worker/task:1/device:CPU:1', local_step.device)
+    # The token queue sits next to the global step on ps 0, with no tower
+    # device type or index merged in (a ps has only CPU:0).
+    queue = tf1.DeviceSpec.from_string(
+        graph.get_operation_by_name('sync_token_q').device)
+    self.assertEqual(('ps', 0), (queue.job, queue.task))
+    self.assertNotEqual(1, queue.device_index)
+    # (Resource)ConditionalAccumulator: one per variable, on its ps task.
+    accumulators = [op.device for op in graph.get_operations()
+                    if op.type.endswith('ConditionalAccumulator')]
+    self.assertEqual(['/job:ps/task:0/device:CPU:0',
+                      '/job:ps/task:1/device:CPU:0'], accumulators)
+
   def test_greedy_ps_strategy(self):
     graph, _ = self._build(
         variable_placement=replicate.VariablePlacement.PARAMETER_SERVERS,
@@ -402,9 +441,12 @@ class LocalClusterTest(tf.test.TestCase):
                    'chief': ['127.0.0.1:%d' % _free_port()],
                    'worker': ['127.0.0.1:%d' % _free_port()]}
     spec = tf1.train.ClusterSpec(cls.cluster)
+    # The ps has one CPU, as real ones do: nothing may land on its CPU:1.
     cls.servers = {
-        job: tf1.train.Server(spec, job_name=job, task_index=0,
-                              config=tf1.ConfigProto(device_count={'CPU': 2}))
+        job: tf1.train.Server(
+            spec, job_name=job, task_index=0,
+            config=tf1.ConfigProto(device_count={'CPU': 1 if job == 'ps'
+                                                 else 2}))
         for job in ('ps', 'chief', 'worker')}
 
   def setUp(self):
@@ -413,7 +455,7 @@ class LocalClusterTest(tf.test.TestCase):
     # sessions; start every test from empty containers.
     tf1.Session.reset(self.servers['ps'].target)
 
-  def _wait_for_chief_init(self, timeout_secs=60):
+  def _wait_for_chief_init(self, chief_record, timeout_secs=60):
     """Waits until the chief initialized global_step on the ps.
 
     A non-chief worker that finds the model uninitialized sleeps 30 s
@@ -429,6 +471,8 @@ class LocalClusterTest(tf.test.TestCase):
                        config=tf1.ConfigProto(
                            operation_timeout_in_ms=5000)) as sess:
         while not sess.run(ready):
+          if 'error' in chief_record:
+            raise chief_record['error']
           self.assertLess(time.time(), deadline, 'chief never initialized')
           time.sleep(0.1)
 
@@ -437,7 +481,7 @@ class LocalClusterTest(tf.test.TestCase):
     records[1]['model_dir'] = records[0]['model_dir']
     chief = _train_in_thread(_run_config(self.cluster, 'chief', 0), 0,
                              records[0])
-    self._wait_for_chief_init()
+    self._wait_for_chief_init(records[0])
     worker = _train_in_thread(_run_config(self.cluster, 'worker', 0), 1,
                               records[1])
     _join(self, worker)
