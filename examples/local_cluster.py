@@ -159,7 +159,7 @@ def _head(values):
 def _child(args):
   """Runs the task named by TF_CONFIG: a ps, or a training worker."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from replicate._compat import tf1  # pylint: disable=g-import-not-at-top
+  tf1 = tf.compat.v1
   tf1.logging.set_verbosity(tf1.logging.ERROR)
 
   deadline = time.time() + args.timeout_secs
