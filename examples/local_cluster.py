@@ -1,4 +1,4 @@
-"""Synchronous multi-worker training on a local TF cluster, one process per task.
+"""Synchronous multi-worker training on a local TF cluster, a process a task.
 
 Run:
 
@@ -286,7 +286,7 @@ def _wait_for_chief(tf, tf1, server, task, deadline):
 
 
 def _train(args, tf, tf1, server, task, deadline):
-  """Trains this task's share with Estimator.train; RunConfig reads TF_CONFIG."""
+  """Trains this task's share: Estimator.train, RunConfig reads TF_CONFIG."""
   out_path = os.path.join(args.out_dir, task['type'] + '.json')
   session_config = tf1.ConfigProto(
       device_count={'CPU': _NUM_CPUS},

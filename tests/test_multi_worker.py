@@ -1,13 +1,15 @@
-"""Between-graph training with parameter servers on a localhost cluster.
+"""Multi-worker training on localhost clusters.
 
-Three kinds of tests:
 * placement and errors, on graphs built for a cluster described by TF_CONFIG
-  (no servers needed);
-* an in-process cluster (ps, chief and worker servers in this process, two
-  virtual CPUs each) trained by two Estimators reading TF_CONFIG, in two
-  threads: synchronous steps, identical variables, agreement with the
-  single-process math, and bounded failures;
-* the example script, which starts the cluster as separate processes.
+  (no servers needed), and the pre-session cluster checks;
+* parameter servers: an in-process cluster (ps with one CPU, chief and worker
+  with two virtual CPUs each) trained by two Estimators reading TF_CONFIG, in
+  two threads: synchronous steps, identical variables, agreement with the
+  single-process math, and bounded failures (lost worker, wrong port,
+  missing device under train_and_evaluate);
+* all-reduce across two in-process workers: MirroredStrategy in-graph with
+  MultiWorkerAllReduce, and between-graph with CollectiveAllReduce;
+* the example script, which starts a cluster as separate processes.
 
 Everything that could block is bounded: `operation_timeout_in_ms` in the
 session configs, thread joins and subprocesses with timeouts.
