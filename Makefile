@@ -2,9 +2,14 @@
 # suite on TF 1.15 *and* TF 2.15). Each creates the virtual environment it needs.
 SHELL := /bin/bash
 
-# TF 1.15 needs Python 3.7; TF 2.15 runs on Python 3.11. Found on PATH or in pyenv.
-PYTHON37 ?= $(shell command -v python3.7 2>/dev/null || ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.7.*/bin/python 2>/dev/null | tail -n 1)
-PYTHON311 ?= $(shell command -v python3.11 2>/dev/null || ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.11.*/bin/python 2>/dev/null | tail -n 1)
+# TF 1.15 needs Python 3.7; TF 2.15 runs on Python 3.11. The first candidate
+# (pyenv's installs, then PATH) that really runs as that version is used: a
+# pyenv shim on PATH may exist without the version being selected.
+find_python = $(shell for p in $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/$(1).*/bin/python 2>/dev/null | sort -t. -k3 -n -r) $$(command -v python$(1) 2>/dev/null); do \
+  "$$p" -c 'import sys; sys.exit(sys.version_info[:2] != ($(subst .,$(comma),$(1))))' >/dev/null 2>&1 && { echo "$$p"; break; }; done)
+comma := ,
+PYTHON37 ?= $(call find_python,3.7)
+PYTHON311 ?= $(call find_python,3.11)
 
 VENV_TF1 := .venv/tf1
 VENV_TF2 := .venv/tf2

@@ -137,6 +137,18 @@ def collective_all_reduce(tensor, group_size, group_key, instance_key,
                                    merge_op, final_op)
 
 
+def collective_dtypes():
+  """The dtypes TF's collective all-reduce accepts in this TF version.
+
+  TF 1.15's collective implementation rejects float16 at run time; TF 2.15
+  reduces it.
+  """
+  dtypes = [tf.float32, tf.float64, tf.int32, tf.int64]
+  if IS_TF2:
+    dtypes.append(tf.float16)
+  return tuple(dtypes)
+
+
 def local_device_attributes(session_config=None):
   """Describes the local devices, as a session with `session_config` sees them.
 

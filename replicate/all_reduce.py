@@ -83,6 +83,20 @@ def _join_chunks(chunks, shape):
     return tf.reshape(flat[:size], shape)
 
 
+def tie_together(tensors):
+  """Copies of `tensors`, each on its device, each waiting for all of them.
+
+  The members of a collective (NCCL) all-reduce must all run, or the others
+  wait forever. Tying the outputs together means that fetching any one of
+  them runs every member.
+  """
+  result = []
+  for t in tensors:
+    with _placed_on(t), tf.control_dependencies(tensors):
+      result.append(tf.identity(t))
+  return result
+
+
 def _copy(tensor, onto):
   """`tensor` copied onto the device of `onto`."""
   with _placed_on(onto):
@@ -269,7 +283,8 @@ def build_nccl_all_reduce(input_tensors, red_op=tf.add, un_op=None):
     raise errors.InvalidArgumentError(
         'NCCL all-reduce only sums here (red_op must be tf.add), got {!r}; '
         'use ring or shuffle all-reduce for other reductions.'.format(red_op))
-  return _apply_un_op(_compat.nccl_all_sum(list(input_tensors)), un_op)
+  return _apply_un_op(tie_together(_compat.nccl_all_sum(list(input_tensors))),
+                      un_op)
 
 
 def _by_worker(input_tensors):
@@ -292,9 +307,9 @@ def _build_nccl_hybrid(input_tensors, upper_level, un_op):
   across = upper_level([summed[0] for summed in level_one])
   outputs = [None] * len(input_tensors)
   for indices, summed, total in zip(groups, level_one, across):
-    for i, local in zip(indices, summed):
-      # Every NCCL op of the group must run, so each copy waits for its own.
-      with tf.control_dependencies([local]):
+    for i in indices:
+      # Every NCCL op of the worker must run, so each copy waits for all.
+      with tf.control_dependencies(summed):
         outputs[i] = _copy(total, input_tensors[i])
   return _apply_un_op(outputs, un_op)
 

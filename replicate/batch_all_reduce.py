@@ -24,7 +24,8 @@ def check_int(name, value, minimum):
         '{} must be an integer >= {}, got {!r}.'.format(name, minimum, value))
 
 
-def make_packer(num_packs, agg_small_grads_max_bytes, agg_small_grads_max_group):
+def make_packer(num_packs, agg_small_grads_max_bytes,
+                agg_small_grads_max_group):
   """The packer the knobs ask for, or None (no repacking).
 
   `num_packs > 0` concatenates and splits into that many packs; else

@@ -11,6 +11,7 @@ merges the towers' `EstimatorSpec`s:
 """
 import copy
 
+from absl import logging
 import six
 
 from replicate import batch_split
@@ -160,29 +161,41 @@ def _default_devices():
 
 
 def _check_devices_exist(devices, config):
-  """Fails loudly where soft placement would silently use another device."""
+  """Fails loudly where soft placement would silently use another device.
+
+  The Estimator's default session allows soft placement, so a tower on a
+  device the session lacks would quietly run on CPU:0. That is an error,
+  unless the user's own `session_config` asks for soft placement explicitly:
+  then it is logged once.
+  """
   if not isinstance(config, tf1.estimator.RunConfig):
     return
   session_config = config.session_config
   device_count = dict(session_config.device_count) if session_config else {}
+  num_gpus = len(local_gpu_devices())
   available = {
       'CPU': device_count.get('CPU', 1),
-      'GPU': min(device_count.get('GPU', len(local_gpu_devices())),
-                 len(local_gpu_devices())),
+      'GPU': min(device_count.get('GPU', num_gpus), num_gpus),
   }
   for device in devices:
     spec = tf1.DeviceSpec.from_string(device)
     if spec.job is not None or spec.device_type not in available:
       continue
     index = spec.device_index or 0
-    if index >= available[spec.device_type]:
-      raise errors.InvalidArgumentError(
-          'Device {} does not exist: the session has {} {} device(s), so it '
-          'would silently run on another device. For virtual CPUs pass '
-          'RunConfig(session_config=tf.compat.v1.ConfigProto('
-          'device_count={{"CPU": {}}})), or list fewer devices.'.format(
-              device, available[spec.device_type], spec.device_type,
-              index + 1))
+    if index < available[spec.device_type]:
+      continue
+    message = (
+        'Device {} does not exist: the session has {} {} device(s), so it '
+        'would silently run on another device. For virtual CPUs pass '
+        'RunConfig(session_config=tf.compat.v1.ConfigProto('
+        'device_count={{"CPU": {}}})), or list fewer devices.'.format(
+            device, available[spec.device_type], spec.device_type, index + 1))
+    if session_config is not None and session_config.allow_soft_placement:
+      logging.log_first_n(
+          logging.WARNING, message + ' Soft placement was asked for in '
+          'session_config, so TensorFlow will place it elsewhere.', 1)
+      return
+    raise errors.InvalidArgumentError(message)
 
 
 def _replicate(model_fn, features, labels, mode, params, config, placement,

@@ -20,7 +20,6 @@ from replicate import values as values_lib
 from replicate import _compat
 from replicate.batch_all_reduce import BatchAllReduceBase
 from replicate.batch_all_reduce import check_int
-from replicate.batch_all_reduce import make_packer
 from replicate.batch_all_reduce import placed_on
 from replicate.reduce_util import ReduceOp
 
@@ -253,9 +252,9 @@ class CollectiveKeys(object):
 
   def get_group_key(self, devices):
     """The group key of the collective group of `devices` (local devices)."""
-    key = tuple(sorted(
-        tuple(device_util.canonicalize(d).split('/device:')[-1:])
-        for d in devices))
+    # '/job:worker/replica:0/task:1/device:CPU:0' -> 'CPU:0'.
+    key = tuple(sorted(device_util.canonicalize(d).split('/device:')[-1]
+                       for d in devices))
     with self._lock:
       if key not in self._group_keys:
         self._group_keys[key] = self._next_group_key
@@ -278,7 +277,7 @@ class CollectiveAllReduce(cross_tower_base.CrossTowerOps):
   `ConfigProto` whose `experimental.collective_group_leader` names the same
   worker on every worker when `num_workers > 1`. The outputs live on the
   values' devices; other destinations get copies of the result.
-  `IndexedSlices` are not supported.
+  `IndexedSlices` are not supported, nor float16 on TF 1.15.
   """
 
   def __init__(self, num_workers=1, num_gpus_per_worker=0,
@@ -328,6 +327,14 @@ class CollectiveAllReduce(cross_tower_base.CrossTowerOps):
             'CollectiveAllReduce reduces values that live on the same devices '
             'in one batch; got {} and {}.'.format(
                 ', '.join(devices), ', '.join(value.devices)))
+      dtype = value.values[0].dtype.base_dtype
+      if dtype not in _compat.collective_dtypes():
+        raise errors.InvalidTypeError(
+            'CollectiveAllReduce cannot reduce {} values with TensorFlow {} '
+            '(collective ops take {}); cast them, or use '
+            'MultiWorkerAllReduce or ReductionToOneDeviceCrossTowerOps.'
+            .format(dtype.name, tf.__version__, ', '.join(
+                d.name for d in _compat.collective_dtypes())))
     if self._num_gpus_per_worker and len(devices) != self._num_gpus_per_worker:
       raise errors.InvalidArgumentError(
           'num_gpus_per_worker is {} but the values live on {} devices ({}); '
@@ -342,12 +349,15 @@ class CollectiveAllReduce(cross_tower_base.CrossTowerOps):
         for value, destinations in value_destination_pairs[
             start:start + self._merge_scope]:
           instance_key = self._keys.get_instance_key()
-          reduced = {}
+          members = []
           for d in devices:
             with tf.device(d):
-              reduced[d] = _compat.collective_all_reduce(
+              members.append(_compat.collective_all_reduce(
                   placed_on(value.get(d), d), group_size, group_key,
-                  instance_key, 'Add', final_op)
+                  instance_key, 'Add', final_op))
+          # Fetching any output must run every local member of the
+          # collective, or the members that ran would wait forever.
+          reduced = dict(zip(devices, all_reduce.tie_together(members)))
           results.append(values_lib.Mirrored({
               d: reduced[d] if d in reduced
               else cross_tower_base.copy_to_device(reduced[devices[0]], d)

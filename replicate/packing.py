@@ -155,8 +155,9 @@ class AggregateSmallTensorPacker(object):
     Raises:
       InvalidArgumentError: if either is not a positive int.
     """
-    for name, value in (('agg_small_grads_max_bytes', agg_small_grads_max_bytes),
-                        ('agg_small_grads_max_group', agg_small_grads_max_group)):
+    knobs = (('agg_small_grads_max_bytes', agg_small_grads_max_bytes),
+             ('agg_small_grads_max_group', agg_small_grads_max_group))
+    for name, value in knobs:
       if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise errors.InvalidArgumentError(
             '{} must be a positive integer, got {!r}.'.format(name, value))

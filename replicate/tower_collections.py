@@ -68,7 +68,7 @@ class TowerCollections(object):
     views = {}
     for key in _KEYS:
       views[key] = self._view(key, tower_id)
-      self._graph.get_collection_ref(key)[:] = views[key]
+      self._set(key, views[key])
     try:
       yield
     finally:
@@ -90,4 +90,10 @@ class TowerCollections(object):
         added = self._added[key][applying_tower_id]
       else:
         added = [item for tower in self._added[key] for item in tower]
-      self._graph.get_collection_ref(key)[:] = self._before[key] + added
+      self._set(key, self._before[key] + added)
+
+  def _set(self, key, items):
+    # An absent collection stays absent (as in the unreplicated model) unless
+    # there is something to put in it.
+    if items or key in self._graph.get_all_collection_keys():
+      self._graph.get_collection_ref(key)[:] = items

@@ -75,7 +75,8 @@ class DistributedValues(object):
     if key not in self._index:
       raise errors.InvalidArgumentError(
           'Device {} is not one of the devices of this {} ({}); ask for one '
-          'of those.'.format(key, type(self).__name__, ', '.join(self._devices)))
+          'of those.'.format(key, type(self).__name__,
+                            ', '.join(self._devices)))
     return self._index[key]
 
   def _get_without_device(self):

@@ -38,3 +38,13 @@ def expected(arrays, mean):
 
 def tolerance(dtype):
   return 1e-2 if dtype == tf.float16 else 1e-6
+
+
+def make_inputs_arrays(num_devices, shapes, np_dtype, seed=0):
+  """The arrays `make_inputs` draws for `num_devices` devices and `seed`."""
+  rng = np.random.RandomState(seed)
+  arrays = []
+  for shape in shapes:
+    arrays.append([rng.randint(-8, 8, size=shape).astype(np_dtype)
+                   for _ in range(num_devices)])
+  return arrays

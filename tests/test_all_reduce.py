@@ -173,6 +173,11 @@ class NcclGraphTest(parameterized.TestCase, tf.test.TestCase):
     self.assertEqual(sorted(op.device for op in nccl),
                      sorted(t.device for t in tensors))
     self.assertEqual([o.device for o in outputs], [t.device for t in tensors])
+    # Each output waits for every NCCL op (its own as data input, the others
+    # as control inputs), so fetching one runs them all.
+    for o in outputs:
+      waits_for = set(o.op.control_inputs) | {i.op for i in o.op.inputs}
+      self.assertEqual(waits_for, set(nccl))
 
   @parameterized.parameters(
       (lambda ts: all_reduce.build_nccl_then_ring(ts), 'ring'),

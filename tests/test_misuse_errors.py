@@ -91,6 +91,22 @@ class ArgumentErrorsTest(tf.test.TestCase):
           r'1 CPU device\(s\).*device_count=\{"CPU": 2\}'):
         fn({'x': tf.zeros([8, 3])}, None, mt.TRAIN, config=config)
 
+  def test_missing_device_with_explicit_soft_placement_warns(self):
+    # contrib-era tests name GPUs on CPU-only machines and ask for soft
+    # placement explicitly: that is honoured, with one warning.
+    config = tf1.estimator.RunConfig(
+        session_config=tf1.ConfigProto(allow_soft_placement=True))
+    with tf.Graph().as_default():
+      tf1.train.get_or_create_global_step()
+      fn = replicate.replicate_model_fn(_linear_model_fn,
+                                        devices=['/gpu:0', '/gpu:1'])
+      with self.assertLogs(level='WARNING') as logs:
+        spec = fn({'x': tf.zeros([8, 3])}, None, mt.TRAIN, config=config)
+      self.assertIn('Soft placement was asked for', '\n'.join(logs.output))
+      with tf1.Session(config=config.session_config) as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(spec.train_op)
+
   def test_tower_optimizer_wraps_optimizers_only(self):
     with self.assertRaisesRegex(TypeError, 'TowerOptimizer wraps a '
                                 'tf.compat.v1.train.Optimizer'):

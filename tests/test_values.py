@@ -1,6 +1,5 @@
 """Tests for device_util, values and reduce_util."""
 from absl.testing import parameterized
-import numpy as np
 import tensorflow as tf
 
 import replicate
@@ -33,7 +32,8 @@ class DeviceUtilTest(parameterized.TestCase, tf.test.TestCase):
         '/job:worker/replica:0/task:3/device:GPU:0')
     # The device's own parts win over the default's.
     self.assertEqual(
-        device_util.canonicalize('/job:ps/task:0', default='/job:worker/task:3'),
+        device_util.canonicalize('/job:ps/task:0',
+                                 default='/job:worker/task:3'),
         '/job:ps/replica:0/task:0/device:CPU:0')
 
   def test_worker_and_type(self):
