@@ -77,7 +77,7 @@ def replicate_model_fn(model_fn,
     ps_strategy: with parameter servers, how to choose each variable's ps
       task: `None` for round robin in creation order, or a callable
       `op -> task index` such as
-      `tf.compat.v1.train.GreedyLoadBalancingStrategy(num_ps, load_fn)`.
+      `replicate.GreedyLoadBalancingStrategy(num_ps, replicate.byte_size_load_fn)`.
 
   Returns:
     A `model_fn` with the signature `(features, labels, mode, params, config)`.
