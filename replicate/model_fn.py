@@ -76,8 +76,8 @@ def replicate_model_fn(model_fn,
       See docs/multi_worker.md.
     ps_strategy: with parameter servers, how to choose each variable's ps
       task: `None` for round robin in creation order, or a callable
-      `op -> task index` such as
-      `replicate.GreedyLoadBalancingStrategy(num_ps, replicate.byte_size_load_fn)`.
+      `op -> task index` such as `replicate.GreedyLoadBalancingStrategy(
+      num_ps, replicate.byte_size_load_fn)`.
 
   Returns:
     A `model_fn` with the signature `(features, labels, mode, params, config)`.
