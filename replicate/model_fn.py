@@ -9,6 +9,7 @@ merges the towers' `EstimatorSpec`s:
 * EVAL: summed loss; metric variables of every tower reduced into tower 0's.
 * PREDICT: predictions and export outputs concatenated in batch order.
 """
+import contextlib
 import copy
 
 from absl import logging
@@ -207,7 +208,7 @@ def _replicate(model_fn, features, labels, mode, params, config, placement,
         'or PREDICT.'.format(mode))
   graph = tf1.get_default_graph()
   num_towers = len(placement.tower_devices)
-  replication = tower_context._Replication(graph, num_towers, loss_reduction)  # pylint: disable=protected-access
+  replication = tower_context.Replication(graph, num_towers, loss_reduction)
   devices = placement.tower_devices
   choose_parameter_device = placement.choose_parameter_device
   aggregation_device = placement.aggregation_device
@@ -257,38 +258,25 @@ def _ids(items):
   return set(id(item) for item in items)
 
 
-class _tower_scopes(object):  # pylint: disable=invalid-name
-  """Variable and name scopes of one tower (tower 0: the caller's own)."""
+@contextlib.contextmanager
+def _tower_scopes(replication, tower_id):
+  """Variable and name scopes of one tower (tower 0: the caller's own).
 
-  def __init__(self, replication, tower_id):
-    self._replication = replication
-    self._tower_id = tower_id
-    self._stack = []
-
-  def __enter__(self):
-    reuse = True if self._tower_id else None
-    var_scope = tf1.variable_scope(
-        tf1.get_variable_scope(), reuse=reuse, auxiliary_name_scope=False)
-    self._stack.append(var_scope)
-    scope = var_scope.__enter__()
-    try:
-      if self._tower_id:
-        name_scope = tf1.name_scope('tower_{}'.format(self._tower_id))
-        self._stack.append(name_scope)
-        name_scope.__enter__()
-      else:
-        current = tf1.get_default_graph().get_name_scope()
-        self._replication.first_tower_scopes = (
-            scope, current + '/' if current else '')
-    except:
-      var_scope.__exit__(None, None, None)
-      raise
-    return self
-
-  def __exit__(self, *exc_info):
-    while self._stack:
-      self._stack.pop().__exit__(*exc_info)
-    return False
+  Towers after the first reuse tower 0's variables and build under
+  `tower_<i>`; tower 0's scopes are recorded so that the gradients can be
+  applied under them (unprefixed names, like the unreplicated model).
+  """
+  with tf1.variable_scope(tf1.get_variable_scope(),
+                          reuse=True if tower_id else None,
+                          auxiliary_name_scope=False) as var_scope:
+    if tower_id:
+      with tf1.name_scope('tower_{}'.format(tower_id)):
+        yield
+    else:
+      name_scope = tf1.get_default_graph().get_name_scope()
+      replication.first_tower_scopes = (
+          var_scope, name_scope + '/' if name_scope else '')
+      yield
 
 
 def _call_model_fn(model_fn, features, labels, mode, params, config):
