@@ -13,6 +13,11 @@ from replicate.tower_optimizer import TowerOptimizer
 from replicate.tower_context import TowerContext
 from replicate.tower_context import get_tower_context
 
+# Multi-worker: between-graph training with parameter servers.
+from replicate.cluster import GreedyLoadBalancingStrategy
+from replicate.cluster import byte_size_load_fn
+from replicate import multi_worker
+
 # Errors and test helpers.
 from replicate import errors
 from replicate import testing

@@ -31,9 +31,17 @@ class VariablePlacement(enum.Enum):
       GPU, else `/device:CPU:0`. This is `tf.contrib`'s default.
     ROUND_ROBIN: variables spread over the tower devices in creation order
       (for experiments; gradients are then summed on each variable's device).
+    PARAMETER_SERVERS: in between-graph training (a `RunConfig` whose cluster,
+      from `TF_CONFIG`, has a `ps` job), every variable on a parameter-server
+      task, `/job:ps/task:<j>/device:CPU:0`, round robin or by `ps_strategy`;
+      see `replicate/cluster.py`. `CONSOLIDATION_DEVICE` does the same in
+      such a cluster; this member makes it a requirement (an error without a
+      `ps` job). Graphs the Estimator builds for a local session (EVAL,
+      PREDICT) use the consolidation device.
   """
   CONSOLIDATION_DEVICE = 'consolidation_device'
   ROUND_ROBIN = 'round_robin'
+  PARAMETER_SERVERS = 'parameter_servers'
 
 
 def canonical_device(device):
@@ -133,9 +141,20 @@ def tower_device_setter(worker_device, choose_parameter_device):
     op_type = op.type if isinstance(op, tf1.Operation) else op.op
     if op_type in _STATEFUL_OP_TYPES:
       spec = tf1.DeviceSpec.from_string(choose_parameter_device(op))
+    elif _on_another_task(current, worker_spec):
+      # Placed explicitly on another task, e.g. SyncReplicasOptimizer's token
+      # queue next to the global step on a ps: this tower's device type and
+      # index mean nothing there.
+      return current.to_string()
     else:
       spec = tf1.DeviceSpec.from_string(worker_spec.to_string())
     spec.merge_from(current)
     return spec.to_string()
 
   return place
+
+
+def _on_another_task(current, worker_spec):
+  """Whether `current` names a job or task other than the tower's."""
+  return ((current.job is not None and current.job != worker_spec.job) or
+          (current.task is not None and current.task != worker_spec.task))

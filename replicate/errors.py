@@ -20,3 +20,7 @@ class InvalidTypeError(Error, TypeError):
 
 class ContextError(Error, RuntimeError):
   """A method was called in a context (replica, cross-replica, scope) where it is not allowed."""
+
+
+class UnavailableError(Error, RuntimeError):
+  """A task of the cluster could not be reached within the time allowed."""

@@ -9,12 +9,14 @@ merges the towers' `EstimatorSpec`s:
 * EVAL: summed loss; metric variables of every tower reduced into tower 0's.
 * PREDICT: predictions and export outputs concatenated in batch order.
 """
+import contextlib
 import copy
 
 from absl import logging
 import six
 
 from replicate import batch_split
+from replicate import cluster
 from replicate import device_setter
 from replicate import errors
 from replicate import tower_collections
@@ -38,7 +40,8 @@ _SUPPORTED_REDUCTIONS = (
 def replicate_model_fn(model_fn,
                        loss_reduction=tf1.losses.Reduction.SUM_BY_NONZERO_WEIGHTS,
                        devices=None,
-                       variable_placement=VariablePlacement.CONSOLIDATION_DEVICE):
+                       variable_placement=VariablePlacement.CONSOLIDATION_DEVICE,
+                       ps_strategy=None):
   """Replicates `model_fn` over local devices: one tower per device.
 
   Drop-in for contrib's `replicate_model_fn`:
@@ -65,7 +68,17 @@ def replicate_model_fn(model_fn,
       CPU if there is none. With one device the model is only placed there.
     variable_placement: a `VariablePlacement`: all variables on the
       consolidation device (the single GPU, else `/device:CPU:0`; the
-      default), or round-robin over `devices`.
+      default), or round-robin over `devices`. In between-graph training
+      (the Estimator's `RunConfig` names a cluster through `TF_CONFIG`),
+      towers are built on this task's devices
+      (`/job:worker/task:<i>/device:...`), and with a `ps` job in the
+      cluster the variables go to the parameter servers
+      (`PARAMETER_SERVERS`; also what `CONSOLIDATION_DEVICE` means there).
+      See docs/multi_worker.md.
+    ps_strategy: with parameter servers, how to choose each variable's ps
+      task: `None` for round robin in creation order, or a callable
+      `op -> task index` such as `replicate.GreedyLoadBalancingStrategy(
+      num_ps, replicate.byte_size_load_fn)`.
 
   Returns:
     A `model_fn` with the signature `(features, labels, mode, params, config)`.
@@ -74,7 +87,11 @@ def replicate_model_fn(model_fn,
     InvalidTypeError: if `model_fn` is not callable or `devices` is not a list
       of strings.
     InvalidArgumentError: if `loss_reduction` is `NONE` or unknown, `devices`
-      is empty or repeats a device, or `variable_placement` is unknown.
+      is empty or repeats a device, `variable_placement` is unknown, or
+      `ps_strategy` comes with `ROUND_ROBIN`. When the model is built:
+      `PARAMETER_SERVERS` or `ps_strategy` without a `ps` job in the cluster,
+      `ROUND_ROBIN` with one, or devices naming a job or task the cluster
+      does not have (see `replicate.cluster.placement`).
   """
   if not callable(model_fn):
     raise errors.InvalidTypeError(
@@ -95,15 +112,28 @@ def replicate_model_fn(model_fn,
         'variable_placement must be a replicate.VariablePlacement (one of {}), '
         'got {!r}.'.format([p.name for p in VariablePlacement],
                            variable_placement))
+  cluster.check_ps_strategy(ps_strategy, variable_placement)
   if devices is not None:
     devices = _canonical_devices(devices)
 
   def replicated_model_fn(features, labels, mode, params=None, config=None):
     """The replicated model_fn handed to the Estimator."""
     tower_devices = devices or _default_devices()
-    _check_devices_exist(tower_devices, config)
-    return _replicate(model_fn, features, labels, mode, params, config,
-                      tower_devices, loss_reduction, variable_placement)
+    placement = cluster.placement(config, mode, tower_devices,
+                                  variable_placement, ps_strategy)
+    if placement is None:
+      _check_devices_exist(tower_devices, config)
+      placement = cluster.Placement(
+          tower_devices,
+          device_setter.parameter_device_chooser(variable_placement,
+                                                 tower_devices),
+          device_setter.consolidation_device(tower_devices))
+    spec = _replicate(model_fn, features, labels, mode, params, config,
+                      placement, loss_reduction)
+    if mode == ModeKeys.TRAIN and placement.training_hooks:
+      spec = spec._replace(training_hooks=(
+          tuple(spec.training_hooks) + placement.training_hooks))
+    return spec
 
   return replicated_model_fn
 
@@ -169,19 +199,19 @@ def _check_devices_exist(devices, config):
     raise errors.InvalidArgumentError(message)
 
 
-def _replicate(model_fn, features, labels, mode, params, config, devices,
-               loss_reduction, variable_placement):
+def _replicate(model_fn, features, labels, mode, params, config, placement,
+               loss_reduction):
   """Builds the towers and merges their specs."""
   if mode not in (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT):
     raise errors.InvalidArgumentError(
         'Unknown mode {!r}; expected one of tf.estimator.ModeKeys.TRAIN, EVAL '
         'or PREDICT.'.format(mode))
   graph = tf1.get_default_graph()
-  num_towers = len(devices)
-  replication = tower_context._Replication(graph, num_towers, loss_reduction)  # pylint: disable=protected-access
-  choose_parameter_device = device_setter.parameter_device_chooser(
-      variable_placement, devices)
-  aggregation_device = device_setter.consolidation_device(devices)
+  num_towers = len(placement.tower_devices)
+  replication = tower_context.Replication(graph, num_towers, loss_reduction)
+  devices = placement.tower_devices
+  choose_parameter_device = placement.choose_parameter_device
+  aggregation_device = placement.aggregation_device
 
   with tower_context.replication_scope(replication):
     if num_towers == 1:
@@ -228,38 +258,25 @@ def _ids(items):
   return set(id(item) for item in items)
 
 
-class _tower_scopes(object):  # pylint: disable=invalid-name
-  """Variable and name scopes of one tower (tower 0: the caller's own)."""
+@contextlib.contextmanager
+def _tower_scopes(replication, tower_id):
+  """Variable and name scopes of one tower (tower 0: the caller's own).
 
-  def __init__(self, replication, tower_id):
-    self._replication = replication
-    self._tower_id = tower_id
-    self._stack = []
-
-  def __enter__(self):
-    reuse = True if self._tower_id else None
-    var_scope = tf1.variable_scope(
-        tf1.get_variable_scope(), reuse=reuse, auxiliary_name_scope=False)
-    self._stack.append(var_scope)
-    scope = var_scope.__enter__()
-    try:
-      if self._tower_id:
-        name_scope = tf1.name_scope('tower_{}'.format(self._tower_id))
-        self._stack.append(name_scope)
-        name_scope.__enter__()
-      else:
-        current = tf1.get_default_graph().get_name_scope()
-        self._replication.first_tower_scopes = (
-            scope, current + '/' if current else '')
-    except:
-      var_scope.__exit__(None, None, None)
-      raise
-    return self
-
-  def __exit__(self, *exc_info):
-    while self._stack:
-      self._stack.pop().__exit__(*exc_info)
-    return False
+  Towers after the first reuse tower 0's variables and build under
+  `tower_<i>`; tower 0's scopes are recorded so that the gradients can be
+  applied under them (unprefixed names, like the unreplicated model).
+  """
+  with tf1.variable_scope(tf1.get_variable_scope(),
+                          reuse=True if tower_id else None,
+                          auxiliary_name_scope=False) as var_scope:
+    if tower_id:
+      with tf1.name_scope('tower_{}'.format(tower_id)):
+        yield
+    else:
+      name_scope = tf1.get_default_graph().get_name_scope()
+      replication.first_tower_scopes = (
+          var_scope, name_scope + '/' if name_scope else '')
+      yield
 
 
 def _call_model_fn(model_fn, features, labels, mode, params, config):

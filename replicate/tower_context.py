@@ -7,7 +7,7 @@ on:
 * `TowerContext` (public): which tower `model_fn` is building, out of how
   many, on which device. `get_tower_context()` returns it inside `model_fn`
   and `None` elsewhere, so a `model_fn` can, e.g., log only from tower 0.
-* `_Replication` (private): what the towers share while they are built --
+* `Replication` (private): what the towers share while they are built --
   the loss reduction, the scopes of the first tower, and the gradients each
   `TowerOptimizer` call collected. `TowerOptimizer` reads it.
 
@@ -78,7 +78,7 @@ class _OptimizerCall(object):
     self.grads_and_vars = grads_and_vars
 
 
-class _Replication(object):
+class Replication(object):
   """State shared by the towers of one `replicate_model_fn` call.
 
   Attributes:
@@ -213,7 +213,7 @@ def tower_scope(replication, tower):
 
 
 def current_replication():
-  """The `_Replication` whose tower is being built in this graph, or None."""
+  """The `Replication` whose tower is being built in this graph, or None."""
   if not _STACK.replications:
     return None
   replication = _STACK.replications[-1]

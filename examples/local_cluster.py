@@ -1,0 +1,332 @@
+"""Synchronous multi-worker training on a local TF cluster, a process a task.
+
+Run:
+
+    python examples/local_cluster.py [--steps 20] [--out_dir /tmp/local_cluster]
+
+The script starts a cluster on 127.0.0.1 as three separate processes (free
+ports found by binding port 0):
+
+* `ps`: a parameter server holding the variables;
+* `chief` and `worker`: two training tasks, each with two virtual CPUs and a
+  `replicate_model_fn` tower on each, trained by `tf.estimator` reading
+  `TF_CONFIG`, exactly as on real machines. `TowerOptimizer` wraps a
+  `SyncReplicasOptimizer`, so every step applies the gradients of both
+  workers (4 towers in all) once.
+
+Each training task writes the variables it reads from the ps at the end to
+`<out_dir>/<task>.json`; the parent process compares them and prints whether
+all workers ended with the same variables (exit status 1 if not). Every
+child process is bounded by `--timeout_secs`, and the parent kills its
+children when it exits, whatever the reason.
+
+See docs/multi_worker.md for running the same model on real machines.
+"""
+import argparse
+import atexit
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(_HERE))  # Run from a source checkout.
+
+_NUM_CPUS = 2
+_BATCH_PER_WORKER = 8  # 4 rows per tower.
+_LEARNING_RATE = 0.05
+
+
+def _parse_args():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--steps', type=int, default=20)
+  parser.add_argument('--out_dir', default='/tmp/replicate_local_cluster')
+  parser.add_argument('--timeout_secs', type=float, default=240.)
+  parser.add_argument('--child', action='store_true',
+                      help='internal: run the task named by TF_CONFIG')
+  return parser.parse_args()
+
+
+# ----------------------------------------------------------------- parent ---
+
+
+def _free_port():
+  sock = socket.socket()
+  try:
+    sock.bind(('127.0.0.1', 0))
+    return sock.getsockname()[1]
+  finally:
+    sock.close()
+
+
+def _run_cluster(args):
+  """Starts ps, chief and worker processes; compares their final variables."""
+  cluster = {'ps': ['127.0.0.1:%d' % _free_port()],
+             'chief': ['127.0.0.1:%d' % _free_port()],
+             'worker': ['127.0.0.1:%d' % _free_port()]}
+  print('Cluster: %s' % json.dumps(cluster), flush=True)
+  os.makedirs(args.out_dir, exist_ok=True)
+  # A checkpoint left by an earlier run would make training start finished.
+  shutil.rmtree(os.path.join(args.out_dir, 'model'), ignore_errors=True)
+  for task in ('chief', 'worker'):
+    path = os.path.join(args.out_dir, task + '.json')
+    if os.path.exists(path):
+      os.remove(path)
+
+  children = {}
+
+  def kill_children():
+    for child in children.values():
+      if child.poll() is None:
+        child.kill()
+        child.wait()
+
+  atexit.register(kill_children)
+  # SIGTERM (e.g. from a test runner's timeout) still runs the atexit hook.
+  signal.signal(signal.SIGTERM, lambda *unused: sys.exit(1))
+
+  deadline = time.time() + args.timeout_secs
+  for job in ('ps', 'chief', 'worker'):
+    env = dict(os.environ, TF_CONFIG=json.dumps(
+        {'cluster': cluster, 'task': {'type': job, 'index': 0}}))
+    env.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+    children[job] = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), '--child',
+         '--steps', str(args.steps), '--out_dir', args.out_dir,
+         '--timeout_secs', str(args.timeout_secs)], env=env)
+
+  try:
+    for job in ('chief', 'worker'):
+      remaining = max(1., deadline - time.time())
+      try:
+        code = children[job].wait(timeout=remaining)
+      except subprocess.TimeoutExpired:
+        print('FAILED: %s did not finish within %g s.' %
+              (job, args.timeout_secs), flush=True)
+        return 1
+      if code != 0:
+        print('FAILED: %s exited with status %d.' % (job, code), flush=True)
+        return 1
+  finally:
+    kill_children()
+  return _compare(args.out_dir)
+
+
+def _compare(out_dir):
+  finals = {}
+  for task in ('chief', 'worker'):
+    with open(os.path.join(out_dir, task + '.json')) as f:
+      finals[task] = json.load(f)
+  for task, final in sorted(finals.items()):
+    print('%-6s: global_step %d after %d local steps; its loss %.4f -> %.4f; '
+          'variables on %s' % (
+              task, final['global_step'], final['steps'], final['first_loss'],
+              final['last_loss'], sorted(set(final['devices'].values()))),
+          flush=True)
+  chief, worker = finals['chief']['variables'], finals['worker']['variables']
+  for name in sorted(chief):
+    flat_chief = _flatten(chief[name])
+    flat_worker = _flatten(worker.get(name, []))
+    print('  %-15s chief %s  worker %s  max |difference| %g' % (
+        name, _head(flat_chief), _head(flat_worker),
+        max(abs(a - b) for a, b in zip(flat_chief, flat_worker))
+        if len(flat_chief) == len(flat_worker) else float('inf')))
+  if chief == worker:
+    print('All workers end with the same variables.', flush=True)
+    return 0
+  print('FAILED: workers end with different variables.', flush=True)
+  return 1
+
+
+def _flatten(value):
+  if isinstance(value, list):
+    return [x for item in value for x in _flatten(item)]
+  return [value]
+
+
+def _head(values):
+  return '[' + ', '.join('%+.5f' % v for v in values[:3]) + ', ...]'
+
+
+# ------------------------------------------------------------------ tasks ---
+
+
+def _child(args):
+  """Runs the task named by TF_CONFIG: a ps, or a training worker."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf1 = tf.compat.v1
+  tf1.logging.set_verbosity(tf1.logging.ERROR)
+
+  deadline = time.time() + args.timeout_secs
+  tf_config = json.loads(os.environ['TF_CONFIG'])
+  task = tf_config['task']
+  _exit_at(deadline, task)
+  # Servers are started here rather than by tf.estimator.train_and_evaluate,
+  # which starts them without the session config's device_count, i.e. with
+  # one CPU. (On machines with real GPUs, train_and_evaluate is fine.)
+  server = tf1.train.Server(
+      tf1.train.ClusterSpec(tf_config['cluster']), job_name=task['type'],
+      task_index=task['index'],
+      config=tf1.ConfigProto(device_count={
+          'CPU': 1 if task['type'] == 'ps' else _NUM_CPUS}))
+  if task['type'] == 'ps':
+    server.join()  # Until the parent kills it, or the watchdog ends it.
+    return 0
+  return _train(args, tf, tf1, server, task, deadline)
+
+
+def _exit_at(deadline, task):
+  """Ends this process at `deadline` even if TF blocks, or the parent died."""
+
+  def watchdog():
+    time.sleep(max(0., deadline - time.time()))
+    print('%s: timed out, exiting.' % task['type'], flush=True)
+    os._exit(3)  # pylint: disable=protected-access
+
+  threading.Thread(target=watchdog, daemon=True).start()
+
+
+def _make_model_fn(tf, tf1, out_path):
+  """A small regression model; the final hook writes what the worker reads."""
+  import replicate  # pylint: disable=g-import-not-at-top
+
+  class FinalValuesHook(tf1.train.SessionRunHook):
+    """Counts local steps and losses; saves the variables read from the ps."""
+
+    def __init__(self, loss):
+      self._loss = loss
+      self._losses = []
+
+    def before_run(self, run_context):
+      return tf1.train.SessionRunArgs(self._loss)
+
+    def after_run(self, run_context, run_values):
+      self._losses.append(float(run_values.results))
+
+    def end(self, session):
+      variables = tf1.trainable_variables()
+      values = session.run(variables)
+      with open(out_path, 'w') as f:
+        json.dump({
+            'global_step': int(session.run(tf1.train.get_global_step())),
+            'steps': len(self._losses),
+            'first_loss': self._losses[0] if self._losses else None,
+            'last_loss': self._losses[-1] if self._losses else None,
+            'variables': {v.op.name: value.tolist()
+                          for v, value in zip(variables, values)},
+            'devices': {v.op.name: v.device for v in variables},
+        }, f)
+
+  def model_fn(features, labels, mode, params, config):
+    hidden = tf1.layers.dense(features, 8, activation=tf.nn.tanh)
+    predictions = tf1.layers.dense(hidden, 1)
+    loss = tf1.losses.mean_squared_error(labels, predictions)
+    optimizer = replicate.TowerOptimizer(tf1.train.SyncReplicasOptimizer(
+        tf1.train.GradientDescentOptimizer(_LEARNING_RATE),
+        replicas_to_aggregate=params['num_workers'],
+        total_num_replicas=params['num_workers']))
+    train_op = optimizer.minimize(loss, tf1.train.get_global_step())
+    hooks = [
+        # num_tokens=0: every worker contributes exactly one gradient a step.
+        optimizer.make_session_run_hook(config.is_chief, num_tokens=0),
+        FinalValuesHook(loss),
+    ]
+    return tf1.estimator.EstimatorSpec(
+        mode, loss=loss, train_op=train_op, training_hooks=hooks,
+        predictions=predictions)
+
+  # Towers on this task's two CPUs; variables on the ps (the default in a
+  # cluster with a ps job; PARAMETER_SERVERS makes it a requirement).
+  return replicate.replicate_model_fn(
+      model_fn,
+      devices=['/device:CPU:%d' % i for i in range(_NUM_CPUS)],
+      variable_placement=replicate.VariablePlacement.PARAMETER_SERVERS)
+
+
+def _input_fn(tf, worker_index, num_workers):
+  """Each worker reads its own shard of a fixed synthetic data set."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  def input_fn():
+    rng = np.random.RandomState(0)
+    x = rng.uniform(-1., 1., size=(256, 4)).astype(np.float32)
+    y = (np.sin(x).sum(axis=1, keepdims=True)).astype(np.float32)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y))
+    dataset = dataset.shard(num_workers, worker_index)
+    return dataset.batch(_BATCH_PER_WORKER, drop_remainder=True).repeat()
+
+  return input_fn
+
+
+def _wait_for_chief(tf, tf1, server, task, deadline):
+  """Waits until the chief has initialized the model on the ps.
+
+  A non-chief worker that finds the model uninitialized sleeps 30 s before
+  looking again (tf1.train.SessionManager's recovery_wait_secs); waiting
+  here first saves that on a short run.
+  """
+  with tf.Graph().as_default():
+    with tf1.device('/job:ps/task:0'):
+      step = tf1.get_variable('global_step', [], tf.int64, trainable=False)
+      ready = tf1.is_variable_initialized(step)
+    config = tf1.ConfigProto(
+        operation_timeout_in_ms=10000,
+        device_filters=['/job:ps', '/job:%s/task:%d' % (
+            task['type'], task['index'])])
+    with tf1.Session(server.target, config=config) as sess:
+      while not sess.run(ready):
+        if time.time() > deadline:
+          raise RuntimeError('The chief did not initialize the model in time.')
+        time.sleep(0.2)
+
+
+def _train(args, tf, tf1, server, task, deadline):
+  """Trains this task's share: Estimator.train, RunConfig reads TF_CONFIG."""
+  out_path = os.path.join(args.out_dir, task['type'] + '.json')
+  session_config = tf1.ConfigProto(
+      device_count={'CPU': _NUM_CPUS},
+      # Bounds every blocking op (a lost worker fails, never hangs), the wait
+      # for the cluster at start, and the chief's final wait for gradients
+      # that no longer come (SyncReplicasOptimizer's queue runner).
+      operation_timeout_in_ms=10000,
+      device_filters=['/job:ps', '/job:%s/task:%d' % (task['type'],
+                                                        task['index'])])
+  config = tf1.estimator.RunConfig(
+      session_config=session_config, save_checkpoints_steps=None,
+      save_checkpoints_secs=None, log_step_count_steps=None)
+  print('%s: master %s, %d ps, %d workers, chief: %s' % (
+      task['type'], config.master, config.num_ps_replicas,
+      config.num_worker_replicas, config.is_chief), flush=True)
+  estimator = tf1.estimator.Estimator(
+      _make_model_fn(tf, tf1, out_path), config=config,
+      model_dir=os.path.join(args.out_dir, 'model'),
+      params={'num_workers': config.num_worker_replicas})
+  if not config.is_chief:
+    _wait_for_chief(tf, tf1, server, task, deadline)
+  worker_index = 0 if config.is_chief else 1 + config.task_id
+  estimator.train(
+      _input_fn(tf, worker_index, config.num_worker_replicas),
+      max_steps=args.steps)
+  print('%s: done' % task['type'], flush=True)
+  return 0
+
+
+def main():
+  args = _parse_args()
+  if args.child:
+    code = _child(args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # A TF server cannot be stopped; skip the interpreter teardown, where
+    # TF 1.15's Server.__del__ prints a spurious AttributeError.
+    os._exit(code)  # pylint: disable=protected-access
+  return _run_cluster(args)
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,135 @@
+"""Devices and session configs for all-reduce across the workers of a cluster.
+
+Two ways to run `MirroredStrategy` over several workers:
+
+* **In-graph** (one client drives every worker): a `MirroredStrategy` over
+  `worker_devices(cluster_spec, n)`, the devices of all workers, with
+  `MultiWorkerAllReduce(worker_tasks(cluster_spec), ...)` as its
+  cross_tower_ops. One session, on any worker.
+* **Between-graph** (each worker runs its own client, as with TF_CONFIG): on
+  worker `i`, a `MirroredStrategy` over `worker_devices(cluster_spec, n,
+  task_id=i)` with `CollectiveAllReduce(num_workers=...)`; the workers'
+  collective ops meet at run time. Each worker's servers and sessions need
+  `collective_config(cluster_spec, 'worker', i)`: the same group leader
+  everywhere, and device filters that keep each worker's session to its own
+  task (without them one worker's end-of-step cleanup aborts the other
+  worker's collectives on TF 1.15). Variables are not broadcast: every worker
+  must start from the same values (deterministic or seeded initializers, or a
+  checkpoint).
+
+These helpers only compute names and protos; they build no ops.
+"""
+import six
+
+from replicate import errors
+from replicate._compat import tf1
+
+
+def _check_job(cluster_spec, job):
+  if not isinstance(cluster_spec, tf1.train.ClusterSpec):
+    raise errors.InvalidTypeError(
+        'cluster_spec must be a tf.compat.v1.train.ClusterSpec, got {!r} of '
+        'type {}; build one with tf.compat.v1.train.ClusterSpec({{"worker": '
+        '[...]}}).'.format(cluster_spec, type(cluster_spec).__name__))
+  jobs = sorted(cluster_spec.jobs)
+  if not isinstance(job, six.string_types) or job not in jobs:
+    raise errors.InvalidArgumentError(
+        'Job {!r} is not in the cluster (its jobs are {}); pass one of them, '
+        'or add the job to the cluster spec (TF_CONFIG).'.format(job, jobs))
+  return cluster_spec.task_indices(job)
+
+
+def worker_tasks(cluster_spec, job='worker'):
+  """The task names of a job: `['/job:worker/task:0', ...]`.
+
+  This is what `MultiWorkerAllReduce(worker_devices=...)` takes.
+
+  Args:
+    cluster_spec: a `tf.compat.v1.train.ClusterSpec`.
+    job: the job whose tasks train.
+
+  Returns:
+    A list of strings, in task order.
+
+  Raises:
+    InvalidTypeError: if `cluster_spec` is not a `ClusterSpec`.
+    InvalidArgumentError: if `job` is not in the cluster.
+  """
+  return ['/job:{}/task:{}'.format(job, i)
+          for i in _check_job(cluster_spec, job)]
+
+
+def worker_devices(cluster_spec, num_devices_per_worker, device_type='CPU',
+                   job='worker', task_id=None):
+  """Fully qualified devices of a job's tasks, `num_devices_per_worker` each.
+
+  Args:
+    cluster_spec: a `tf.compat.v1.train.ClusterSpec`.
+    num_devices_per_worker: devices per task, e.g. its number of GPUs.
+    device_type: `'GPU'` or `'CPU'`.
+    job: the job whose tasks train.
+    task_id: `None` for every task (in-graph), or one task (between-graph).
+
+  Returns:
+    A list such as `['/job:worker/task:0/device:GPU:0', ...]`, task-major.
+
+  Raises:
+    InvalidTypeError: if `cluster_spec` is not a `ClusterSpec`.
+    InvalidArgumentError: if `job` or `task_id` is not in the cluster, or
+      `num_devices_per_worker` is not a positive integer, or `device_type`
+      is neither CPU nor GPU.
+  """
+  tasks = _check_job(cluster_spec, job)
+  if (isinstance(num_devices_per_worker, bool) or
+      not isinstance(num_devices_per_worker, int) or
+      num_devices_per_worker < 1):
+    raise errors.InvalidArgumentError(
+        'num_devices_per_worker must be a positive integer, got {!r}.'.format(
+            num_devices_per_worker))
+  if device_type not in ('CPU', 'GPU'):
+    raise errors.InvalidArgumentError(
+        'device_type must be "CPU" or "GPU", got {!r}.'.format(device_type))
+  if task_id is not None:
+    if task_id not in tasks:
+      raise errors.InvalidArgumentError(
+          'task_id {!r} is not a task of job {!r} (its tasks are {}).'.format(
+              task_id, job, list(tasks)))
+    tasks = [task_id]
+  return ['/job:{}/task:{}/device:{}:{}'.format(job, t, device_type, d)
+          for t in tasks for d in range(num_devices_per_worker)]
+
+
+def collective_config(cluster_spec, job, task_id, config=None):
+  """The session/server config of one worker using `CollectiveAllReduce`.
+
+  Pass it both to the worker's `tf.compat.v1.train.Server(config=...)` and
+  to its sessions (or `RunConfig(session_config=...)`).
+
+  Args:
+    cluster_spec: a `tf.compat.v1.train.ClusterSpec`.
+    job: this worker's job.
+    task_id: this worker's task index.
+    config: a `ConfigProto` to start from (not modified), e.g. one with
+      `device_count`; `None` for an empty one.
+
+  Returns:
+    A new `ConfigProto` whose collective group leader is task 0 of `job`
+    and whose device filters keep the session to this task.
+
+  Raises:
+    InvalidTypeError: if `cluster_spec` is not a `ClusterSpec`.
+    InvalidArgumentError: if `job` or `task_id` is not in the cluster.
+  """
+  tasks = _check_job(cluster_spec, job)
+  if task_id not in tasks:
+    raise errors.InvalidArgumentError(
+        'task_id {!r} is not a task of job {!r} (its tasks are {}).'.format(
+            task_id, job, list(tasks)))
+  result = tf1.ConfigProto()
+  if config is not None:
+    result.CopyFrom(config)
+  result.experimental.collective_group_leader = (
+      '/job:{}/replica:0/task:{}'.format(job, min(tasks)))
+  del result.device_filters[:]
+  result.device_filters.append('/job:{}/task:{}'.format(job, task_id))
+  return result
