@@ -198,12 +198,14 @@ def _apply_aggregation_variant(variant):
   """Patches replicate.gradient_aggregation for an A/B experiment.
 
   Variants: `pack=<bytes>` sets the packing threshold (`pack=0`: one add_n
-  per variable, the behaviour before packing).
+  per variable, the behaviour before packing); `group=<n>` the largest pack.
   """
   from replicate import gradient_aggregation  # pylint: disable=g-import-not-at-top
   name, _, value = variant.partition('=')
   if name == 'pack':
     gradient_aggregation.PACK_MAX_BYTES = int(value)
+  elif name == 'group':
+    gradient_aggregation.PACK_MAX_GROUP = int(value)
   elif name == 'gate' and value == 'none':
     # Towers compute gradients with gate_gradients=GATE_NONE (same values;
     # no tuple/identity gating ops per gradient op).

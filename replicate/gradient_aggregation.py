@@ -29,6 +29,10 @@ from replicate._compat import tf1
 # individually (a concat copies its inputs, which for multi-MB tensors costs
 # more than the per-tensor overhead it removes).
 PACK_MAX_BYTES = 256 * 1024
+# At most this many variables per pack: smaller packs are ready (and their
+# updates can run) while the towers still back-propagate through earlier
+# layers, instead of every update waiting for the whole backward pass.
+PACK_MAX_GROUP = 16
 
 
 def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None):
@@ -40,9 +44,9 @@ def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None):
       skipped.
     pack_max_bytes: dense gradients of at most this many bytes, with a fully
       known static shape of rank >= 1 in every tower, are packed per tower
-      (grouped by variable device, dtype and shape after dimension 0) and
-      summed with one `add_n` per group; 0 disables packing; None means
-      `PACK_MAX_BYTES`.
+      (grouped by variable device, dtype and shape after dimension 0, at
+      most `PACK_MAX_GROUP` variables per pack) and summed with one `add_n`
+      per pack; 0 disables packing; None means `PACK_MAX_BYTES`.
 
   Returns:
     A list of `(summed_gradient, variable)` pairs, one per variable that has
@@ -70,13 +74,16 @@ def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None):
       summed[key] = sum_on_device(grads, variables[key].device)
     else:
       groups.setdefault(group, []).append(key)
-  for (device, _, _), keys in groups.items():
-    if len(keys) == 1:
-      summed[keys[0]] = sum_on_device(grads_by_var[keys[0]], device)
-      continue
-    for key, total in zip(keys, _sum_packed(
-        [grads_by_var[key] for key in keys], device)):
-      summed[key] = total
+  max_group = max(1, PACK_MAX_GROUP)
+  for (device, _, _), group_keys in groups.items():
+    for start in range(0, len(group_keys), max_group):
+      keys = group_keys[start:start + max_group]
+      if len(keys) == 1:
+        summed[keys[0]] = sum_on_device(grads_by_var[keys[0]], device)
+        continue
+      for key, total in zip(keys, _sum_packed(
+          [grads_by_var[key] for key in keys], device)):
+        summed[key] = total
   return [(summed[key], variables[key]) for key in grads_by_var]
 
 
