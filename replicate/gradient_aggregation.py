@@ -74,10 +74,9 @@ def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None):
       summed[key] = sum_on_device(grads, variables[key].device)
     else:
       groups.setdefault(group, []).append(key)
-  max_group = max(1, PACK_MAX_GROUP)
   for (device, _, _), group_keys in groups.items():
-    for start in range(0, len(group_keys), max_group):
-      keys = group_keys[start:start + max_group]
+    for start in range(0, len(group_keys), PACK_MAX_GROUP):
+      keys = group_keys[start:start + PACK_MAX_GROUP]
       if len(keys) == 1:
         summed[keys[0]] = sum_on_device(grads_by_var[keys[0]], device)
         continue
