@@ -56,6 +56,8 @@ def _parse_args():
 
 
 def _free_port():
+  # The parent stays free of TensorFlow (and so of replicate, which imports
+  # it); this mirrors replicate.testing.pick_unused_port.
   sock = socket.socket()
   try:
     sock.bind(('127.0.0.1', 0))

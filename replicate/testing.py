@@ -25,3 +25,21 @@ def virtual_cpu_config(num_cpus, **kwargs):
 def virtual_cpu_devices(num_cpus):
   """The device strings of `num_cpus` virtual CPUs: `['/device:CPU:0', ...]`."""
   return ['/device:CPU:{}'.format(i) for i in range(num_cpus)]
+
+
+def pick_unused_port():
+  """A TCP port on 127.0.0.1 that is free now, for local test clusters.
+
+  The port is found by binding port 0 and released at once, so another
+  process may take it before the caller binds it; fine for tests.
+
+  Returns:
+    An int.
+  """
+  import socket  # pylint: disable=g-import-not-at-top
+  sock = socket.socket()
+  try:
+    sock.bind(('127.0.0.1', 0))
+    return sock.getsockname()[1]
+  finally:
+    sock.close()

@@ -16,7 +16,6 @@ session configs, thread joins and subprocesses with timeouts.
 """
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,13 +42,6 @@ _X = (np.arange(16, dtype=np.float32).reshape(8, 2) / 10.).astype(np.float32)
 _Y = (_X.dot(np.array([[1.], [-2.]], np.float32)) + 0.5).astype(np.float32)
 
 
-def _free_port():
-  sock = socket.socket()
-  try:
-    sock.bind(('127.0.0.1', 0))
-    return sock.getsockname()[1]
-  finally:
-    sock.close()
 
 
 def _run_config(cluster, task_type, task_id, **session_kwargs):
@@ -403,7 +395,7 @@ class ClusterCheckTest(tf.test.TestCase):
   """The pre-session checks, without a cluster."""
 
   def test_unreachable_task_fails_with_address(self):
-    port = _free_port()  # Nothing listens here.
+    port = replicate.testing.pick_unused_port()  # Nothing listens here.
     spec = tf1.train.ClusterSpec({'ps': ['127.0.0.1:%d' % port]})
     start = time.time()
     with self.assertRaisesRegex(
@@ -439,9 +431,9 @@ class LocalClusterTest(tf.test.TestCase):
   @classmethod
   def setUpClass(cls):
     super(LocalClusterTest, cls).setUpClass()
-    cls.cluster = {'ps': ['127.0.0.1:%d' % _free_port()],
-                   'chief': ['127.0.0.1:%d' % _free_port()],
-                   'worker': ['127.0.0.1:%d' % _free_port()]}
+    cls.cluster = {'ps': ['127.0.0.1:%d' % replicate.testing.pick_unused_port()],
+                   'chief': ['127.0.0.1:%d' % replicate.testing.pick_unused_port()],
+                   'worker': ['127.0.0.1:%d' % replicate.testing.pick_unused_port()]}
     spec = tf1.train.ClusterSpec(cls.cluster)
     # The ps has one CPU, as real ones do: nothing may land on its CPU:1.
     cls.servers = {
@@ -521,7 +513,7 @@ class LocalClusterTest(tf.test.TestCase):
     self.assertLess(time.time() - start, 60)
 
   def test_wrong_ps_port_fails_with_clear_error(self):
-    cluster = dict(self.cluster, ps=['127.0.0.1:%d' % _free_port()])
+    cluster = dict(self.cluster, ps=['127.0.0.1:%d' % replicate.testing.pick_unused_port()])
     record = {'model_dir': tempfile.mkdtemp()}
     chief = _train_in_thread(
         _run_config(cluster, 'chief', 0, operation_timeout_in_ms=1000), 0,
@@ -542,8 +534,8 @@ class TrainAndEvaluateTest(tf.test.TestCase):
     # chief has one CPU; soft placement (the Estimator's default in a
     # cluster) would silently put tower 1 on CPU:0. (Without soft placement
     # TF itself fails: "Cannot assign a device".)
-    ps_address = '127.0.0.1:%d' % _free_port()
-    cluster = {'ps': [ps_address], 'chief': ['127.0.0.1:%d' % _free_port()]}
+    ps_address = '127.0.0.1:%d' % replicate.testing.pick_unused_port()
+    cluster = {'ps': [ps_address], 'chief': ['127.0.0.1:%d' % replicate.testing.pick_unused_port()]}
     ps = tf1.train.Server(tf1.train.ClusterSpec(cluster), job_name='ps',
                           task_index=0)
     del ps  # Serves until the process exits.
@@ -619,7 +611,7 @@ class AllReduceAcrossWorkersTest(tf.test.TestCase):
   def setUpClass(cls):
     super(AllReduceAcrossWorkersTest, cls).setUpClass()
     cls.spec = tf1.train.ClusterSpec(
-        {'worker': ['127.0.0.1:%d' % _free_port() for _ in range(2)]})
+        {'worker': ['127.0.0.1:%d' % replicate.testing.pick_unused_port() for _ in range(2)]})
     cls.configs = [
         replicate.multi_worker.collective_config(
             cls.spec, 'worker', i, tf1.ConfigProto(device_count={'CPU': 2}))

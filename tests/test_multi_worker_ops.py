@@ -6,7 +6,6 @@ CPUs. Every `Session.run` has a timeout and every thread a bounded join, so a
 failure fails instead of hanging.
 """
 import atexit
-import socket
 import threading
 
 from absl.testing import parameterized
@@ -32,13 +31,6 @@ _CLUSTER_DEVICES = ['/job:worker/task:%d/device:CPU:%d' % (w, c)
 _CLUSTER = {}
 
 
-def _free_port():
-  sock = socket.socket()
-  try:
-    sock.bind(('127.0.0.1', 0))
-    return sock.getsockname()[1]
-  finally:
-    sock.close()
 
 
 def _server_config():
@@ -51,7 +43,7 @@ def _cluster():
   """The two in-process servers, started once for the whole module."""
   if not _CLUSTER:
     spec = tf1.train.ClusterSpec(
-        {'worker': ['127.0.0.1:%d' % _free_port() for _ in range(2)]})
+        {'worker': ['127.0.0.1:%d' % replicate.testing.pick_unused_port() for _ in range(2)]})
     _CLUSTER['servers'] = [
         tf1.train.Server(spec, job_name='worker', task_index=i,
                          config=_server_config(), start=True)
