@@ -304,7 +304,7 @@ def byte_size_load_fn(op):
 class GreedyLoadBalancingStrategy(object):
   """A `ps_strategy`: each variable goes to the least loaded ps task.
 
-  Same name and signature as `tf.contrib.training`'s. Every worker builds the
+  Same name and signature as the one TF 1.x contrib.training had. Every worker builds the
   same graph in the same order, so every worker makes the same choices.
 
       replicate.replicate_model_fn(
