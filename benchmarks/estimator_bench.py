@@ -7,6 +7,8 @@ virtual CPU devices (global batch 256, TF 1.15):
   replicate          replicate.replicate_model_fn + replicate.TowerOptimizer
   contrib            tf.contrib.estimator.replicate_model_fn + TowerOptimizer
   replicate@pack=0   replicate with gradient packing off (A/B of the packing)
+  replicate@fuse=off replicate summing MatMul gradients per tower (A/B of the
+                     fused weight gradients)
   tf_mirrored        tf.distribute.MirroredStrategy via RunConfig(train_distribute)
   replicate_mirrored replicate.MirroredStrategy + TowerOptimizer, trained in a
                      MonitoredSession loop (TF 1.15's Estimator only accepts a
@@ -51,6 +53,7 @@ import bench_util
 
 GLOBAL_BATCH = 256
 CONFIGS = ('single', 'replicate', 'contrib', 'replicate@pack=0',
+           'replicate@fuse=off',
            'tf_mirrored', 'replicate_mirrored', 'tf_mirrored_loop')
 MODELS = ('wide', 'deep')
 CONFIG_LABELS = {
@@ -61,6 +64,8 @@ CONFIG_LABELS = {
     'replicate_mirrored': 'replicate.MirroredStrategy (session loop)',
     'tf_mirrored_loop': 'tf.distribute.MirroredStrategy (session loop)',
     'replicate@pack=0': 'replicate.replicate_model_fn, packing off (A/B)',
+    'replicate@fuse=off': 'replicate.replicate_model_fn, MatMul fusion off '
+                          '(A/B)',
 }
 # Configurations trained by a MonitoredSession loop instead of an Estimator:
 # TF 1.15's Estimator only takes a tf.distribute.Strategy as train_distribute,
@@ -198,7 +203,9 @@ def _apply_aggregation_variant(variant):
   """Patches replicate.gradient_aggregation for an A/B experiment.
 
   Variants: `pack=<bytes>` sets the packing threshold (`pack=0`: one add_n
-  per variable, the behaviour before packing); `group=<n>` the largest pack.
+  per variable, the behaviour before packing); `group=<n>` the largest pack;
+  `fuse=off` sums MatMul gradients instead of fusing them (`fuse=<bytes>`:
+  the smallest fused gradient).
   """
   from replicate import gradient_aggregation  # pylint: disable=g-import-not-at-top
   name, _, value = variant.partition('=')
@@ -206,6 +213,11 @@ def _apply_aggregation_variant(variant):
     gradient_aggregation.PACK_MAX_BYTES = int(value)
   elif name == 'group':
     gradient_aggregation.PACK_MAX_GROUP = int(value)
+  elif name == 'fuse':
+    # `fuse=off`: sum MatMul gradients per tower (no fused product);
+    # `fuse=<bytes>`: the smallest fused gradient.
+    gradient_aggregation.FUSE_MIN_BYTES = (
+        sys.maxsize if value == 'off' else int(value))
   elif name == 'gate' and value == 'none':
     # Towers compute gradients with gate_gradients=GATE_NONE (same values;
     # no tuple/identity gating ops per gradient op).

@@ -15,14 +15,29 @@ of one per variable, and runs one `add_n` instead of one per variable: on
 Each packed sum adds the towers in order, ((g0 + g1) + g2) + g3, element by
 element, exactly as a per-variable `add_n` kernel does (tests check it bit for
 bit against NumPy; Grappler's arithmetic optimizer may reassociate small
-`add_n`s, packed or not, within float rounding). Large gradients are summed one by one, since
-copying them into a pack costs more memory traffic than it saves.
+`add_n`s, packed or not, within float rounding). Large gradients are summed
+one by one, since copying them into a pack costs more memory traffic than it
+saves.
+
+Large `MatMul` weight gradients can be fused instead of summed, when every
+tower and the variable live on CPU devices of one task (virtual CPUs share
+the cores and the memory): tower i's gradient is `X_i^T . dY_i`, so the sum
+over towers is one product of the towers' inputs concatenated along the
+contracted dimension, `concat(X_i)^T . concat(dY_i)` -- the same product the
+unreplicated model computes. It replaces N partial products over 1/N of the
+rows each (which repack the whole weight-sized panel every time) and an
+`add_n` that reads N weight-sized gradients, by one product whose output is
+written once; the towers' own weight-gradient ops are then pruned from the
+step. Results agree with the summed ones within float rounding (the terms are
+added in another order). Devices that do not share cores (GPUs, other tasks)
+always sum: a product on the variable's device would move the work off them.
 """
 import collections
 
 from absl import logging
 import tensorflow as tf
 
+from replicate import gradient_gating
 from replicate._compat import tf1
 
 # Gradients of at most this many bytes are packed; larger ones are summed
@@ -33,9 +48,13 @@ PACK_MAX_BYTES = 256 * 1024
 # updates can run) while the towers still back-propagate through earlier
 # layers, instead of every update waiting for the whole backward pass.
 PACK_MAX_GROUP = 16
+# `MatMul` gradients of at least this many bytes are fused (see above) where
+# the devices allow it.
+FUSE_MIN_BYTES = 256 * 1024
 
 
-def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None):
+def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None,
+                              raw_gradients=None, fuse_min_bytes=None):
   """Sums the gradients of each variable across towers.
 
   Args:
@@ -47,6 +66,14 @@ def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None):
       (grouped by variable device, dtype and shape after dimension 0, at
       most `PACK_MAX_GROUP` variables per pack) and summed with one `add_n`
       per pack; 0 disables packing; None means `PACK_MAX_BYTES`.
+    raw_gradients: optional dict from gradient tensor names (as given in
+      `tower_grads_and_vars`) to the `gradient_gating.RawGradient` they gate.
+      A variable whose tower gradients all map to `MatMul` outputs of at
+      least `fuse_min_bytes`, on CPU devices of the variable's task, gets one
+      fused product instead of a sum (see the module docstring). None: no
+      fusion.
+    fuse_min_bytes: the smallest gradient that is fused; None means
+      `FUSE_MIN_BYTES`.
 
   Returns:
     A list of `(summed_gradient, variable)` pairs, one per variable that has
@@ -56,6 +83,8 @@ def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None):
   """
   if pack_max_bytes is None:
     pack_max_bytes = PACK_MAX_BYTES
+  if fuse_min_bytes is None:
+    fuse_min_bytes = FUSE_MIN_BYTES
   grads_by_var = collections.OrderedDict()
   variables = {}
   for grads_and_vars in tower_grads_and_vars:
@@ -69,6 +98,11 @@ def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None):
   summed = {}
   groups = collections.OrderedDict()
   for key, grads in grads_by_var.items():
+    raws = _fusable_matmul_gradients(grads, variables[key], raw_gradients or {},
+                                     fuse_min_bytes)
+    if raws is not None:
+      summed[key] = _fused_matmul_sum(raws, variables[key].device)
+      continue
     group = _pack_group(grads, variables[key].device, pack_max_bytes)
     if group is None:
       summed[key] = sum_on_device(grads, variables[key].device)
@@ -143,6 +177,97 @@ def _sum_packed(grads_per_var, device):
     total = tf.math.add_n(packs, name='packed_sum')
     sizes = [grads[0].shape.as_list()[0] for grads in grads_per_var]
     return tf.split(total, sizes, axis=0, name='unpacked_sum')
+
+
+def _fusable_matmul_gradients(grads, var, raw_gradients, fuse_min_bytes):
+  """The `RawGradient`s of one variable's tower gradients, if fusable.
+
+  Fusable: at least two towers; each gradient a dense tensor recorded in
+  `raw_gradients` whose raw form is a `MatMul` output; the same transposes,
+  dtype and fully known shape in every tower; at least `fuse_min_bytes`;
+  every tower's `MatMul` and the variable on CPU devices of one task; and,
+  where the contracted dimensions are known, inputs smaller in all than the
+  gradients they replace.
+
+  Returns:
+    A list of `RawGradient`s, one per tower, or None.
+  """
+  if len(grads) < 2 or any(isinstance(g, tf.IndexedSlices) for g in grads):
+    return None
+  raws = [raw_gradients.get(g.name) for g in grads]
+  if any(raw is None or raw.tensor.op.type != 'MatMul' for raw in raws):
+    return None
+  first = raws[0].tensor
+  shape = first.shape
+  if not shape.is_fully_defined():
+    return None
+  if shape.num_elements() * first.dtype.size < fuse_min_bytes:
+    return None
+  attrs = _transposes(first.op)
+  for raw in raws[1:]:
+    if (raw.tensor.dtype != first.dtype or raw.tensor.shape != shape or
+        _transposes(raw.tensor.op) != attrs):
+      return None
+  if not _on_cpus_of_one_task([var.device] +
+                              [raw.tensor.op.device for raw in raws]):
+    return None
+  input_elements = 0
+  for raw in raws:
+    for tensor in raw.tensor.op.inputs:
+      if not tensor.shape.is_fully_defined():
+        return raws  # Unknown batch: the gradient size decides alone.
+      input_elements += tensor.shape.num_elements()
+  if input_elements >= len(raws) * shape.num_elements():
+    return None
+  return raws
+
+
+def _transposes(matmul_op):
+  return (matmul_op.get_attr('transpose_a'), matmul_op.get_attr('transpose_b'))
+
+
+def _on_cpus_of_one_task(devices):
+  """Whether every device string names a CPU of the same job/replica/task."""
+  tasks = set()
+  for device in devices:
+    if not device:
+      return False
+    spec = tf1.DeviceSpec.from_string(device)
+    if (spec.device_type or '').upper() != 'CPU':
+      return False
+    tasks.add((spec.job, spec.replica, spec.task))
+  return len(tasks) == 1
+
+
+def _fused_matmul_sum(raws, device):
+  """One `MatMul` of the towers' inputs: the sum of the towers' products.
+
+  Tower i's gradient is `matmul(a_i, b_i)` (with the transposes of its op);
+  concatenating the `a_i` and the `b_i` along the contracted dimension gives
+  the sum over towers. Each tower's `b_i` first waits for the tower's gates.
+
+  Args:
+    raws: one `RawGradient` per tower (fusable, see
+      `_fusable_matmul_gradients`).
+    device: the variable's device.
+
+  Returns:
+    The summed gradient.
+  """
+  transpose_a, transpose_b = _transposes(raws[0].tensor.op)
+  a_parts = []
+  b_parts = []
+  for raw in raws:
+    a, b = raw.tensor.op.inputs
+    a_parts.append(a)
+    b_parts.append(gradient_gating.gate(b, raw.gates))
+  with tf1.device(device):
+    a = tf.concat(a_parts, axis=0 if transpose_a else 1,
+                  name='fused_gradient_lhs')
+    b = tf.concat(b_parts, axis=1 if transpose_b else 0,
+                  name='fused_gradient_rhs')
+    return tf1.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b,
+                      name='fused_gradient')
 
 
 def sum_on_device(values, device, name=None):

@@ -96,6 +96,7 @@ class Replication(object):
     self.tower = None
     self.first_tower_scopes = None
     self._calls = [[] for _ in range(num_towers)]
+    self._raw_gradients = {}
 
   def scale_loss(self, loss):
     """Scales one tower's loss so that summing the towers' gives the total.
@@ -128,6 +129,20 @@ class Replication(object):
     calls = self._calls[self.tower.tower_id]
     calls.append(_OptimizerCall(optimizer_name, list(grads_and_vars)))
     return len(calls) - 1
+
+  def record_raw_gradients(self, raw_gradients):
+    """Records gradients as computed, by the name of what the tower returned.
+
+    Args:
+      raw_gradients: a dict from gradient tensor names to
+        `gradient_gating.RawGradient`s (see `TowerOptimizer`).
+    """
+    self._raw_gradients.update(raw_gradients)
+
+  @property
+  def raw_gradients(self):
+    """All recorded raw gradients, by the name of the returned gradient."""
+    return self._raw_gradients
 
   def num_optimizer_calls(self, tower_id):
     return len(self._calls[tower_id])

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from replicate import errors
 from replicate import gradient_aggregation
+from replicate import gradient_gating
 from replicate import mirrored_strategy
 from replicate import tower_context
 from replicate._compat import tf1
@@ -81,10 +82,20 @@ class TowerOptimizer(tf1.train.Optimizer):
     Args:
       loss: the tower's loss.
       var_list: as for `Optimizer.compute_gradients`.
-      **kwargs: passed to the wrapped optimizer's `compute_gradients`.
+      **kwargs: passed to the wrapped optimizer's `compute_gradients`. In a
+        replicated tower `gate_gradients=GATE_OP` (the default) is carried
+        out per variable: each gradient waits for the tower's gradient ops
+        that read its variable, which prevents the same races, lets the
+        aggregation fuse large `MatMul` gradients and saves a `tuple` per
+        gradient op (see gradient_gating.py).
 
     Returns:
       A list of `(gradient, variable)` pairs.
+
+    Raises:
+      InvalidArgumentError: if `gate_gradients` is not one of `GATE_NONE`,
+        `GATE_OP` or `GATE_GRAPH` (in a replicated tower), or `loss` is a
+        callable.
     """
     replication = tower_context.current_replication()
     optimizer = self._get_optimizer()
@@ -95,15 +106,46 @@ class TowerOptimizer(tf1.train.Optimizer):
           'TowerOptimizer.compute_gradients needs the loss tensor in graph '
           'mode, got the callable {!r}; pass the tensor instead.'.format(loss))
     if replication.tower.is_last_tower:
-      return optimizer.compute_gradients(
-          replication.scale_loss(loss), var_list=var_list, **kwargs)
+      return self._compute_tower_gradients(replication, optimizer, loss,
+                                           var_list, kwargs)
     # Towers that do not apply keep their update ops out of the step: neither
     # the scaled loss nor the gradients may depend on the
     # `control_dependencies(update_ops)` block models usually put around
     # `minimize` (see tower_collections.py).
     with tf1.control_dependencies(None):
-      return optimizer.compute_gradients(
-          replication.scale_loss(loss), var_list=var_list, **kwargs)
+      return self._compute_tower_gradients(replication, optimizer, loss,
+                                           var_list, kwargs)
+
+  def _compute_tower_gradients(self, replication, optimizer, loss, var_list,
+                               kwargs):
+    """One tower's gradients; GATE_OP becomes per-variable gating.
+
+    With `GATE_OP` (the default, and what `minimize` passes) the gradients
+    are computed ungated and each variable's gradient waits for the ops of
+    this tower's gradient computation that read the variable (see
+    gradient_gating.py); with `GATE_NONE` they are left ungated. Both record
+    the raw gradients so that the aggregation may fuse them. `GATE_GRAPH` is
+    passed through as it is.
+    """
+    gate_gradients = kwargs.get('gate_gradients', self.GATE_OP)
+    if gate_gradients not in (self.GATE_NONE, self.GATE_OP, self.GATE_GRAPH):
+      raise errors.InvalidArgumentError(
+          'gate_gradients must be TowerOptimizer.GATE_NONE, GATE_OP or '
+          'GATE_GRAPH, got {!r}.'.format(gate_gradients))
+    scaled_loss = replication.scale_loss(loss)
+    if gate_gradients == self.GATE_GRAPH:
+      return optimizer.compute_gradients(scaled_loss, var_list=var_list,
+                                         **kwargs)
+    kwargs = dict(kwargs, gate_gradients=self.GATE_NONE)
+    grads_and_vars, gradient_ops = gradient_gating.ops_created_by(
+        replication.graph, lambda: optimizer.compute_gradients(
+            scaled_loss, var_list=var_list, **kwargs))
+    if gate_gradients == self.GATE_NONE:
+      gradient_ops = []
+    grads_and_vars, raw = gradient_gating.gate_by_variable(
+        grads_and_vars, gradient_ops)
+    replication.record_raw_gradients(raw)
+    return grads_and_vars
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
     """Applies gradients: once, in the last tower, summed over all towers.
@@ -151,7 +193,8 @@ class TowerOptimizer(tf1.train.Optimizer):
     with tf1.variable_scope(var_scope, auxiliary_name_scope=False):
       with tf1.name_scope(name_scope):
         with tf1.name_scope('gradient_aggregation'):
-          summed = gradient_aggregation.sum_gradients_by_variable(tower_grads)
+          summed = gradient_aggregation.sum_gradients_by_variable(
+              tower_grads, raw_gradients=replication.raw_gradients)
         return optimizer.apply_gradients(
             summed, global_step=global_step, name=name)
 

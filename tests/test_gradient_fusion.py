@@ -1,0 +1,343 @@
+"""Per-variable gating and fused MatMul gradients (gradient_gating.py and the
+fusion path of gradient_aggregation.py)."""
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+
+import replicate
+from replicate import errors
+from replicate import gradient_aggregation
+from replicate import gradient_gating
+from replicate._compat import IS_TF2
+from replicate._compat import tf1
+
+import model_testing as mt
+
+# 384 x 384 float32 = 576 KB: above FUSE_MIN_BYTES (256 KB), so the middle
+# layer's kernel gradient is fused on virtual CPUs; the others are small.
+WIDTH = 384
+
+
+def _wide_model_fn(features, labels, mode, params):
+  """16 -> 384 -> 384 -> 1 MLP; params pick the optimizer, gating, transpose."""
+  x = tf1.layers.dense(
+      features['x'], WIDTH, activation=tf.nn.relu,
+      kernel_initializer=tf1.glorot_uniform_initializer(seed=1), name='in')
+  if params.get('transpose'):
+    # y = x . W^T: the kernel's gradient is matmul(dY, x, transpose_a=True).
+    kernel = tf1.get_variable(
+        'middle/kernel', [WIDTH, WIDTH],
+        initializer=tf1.glorot_uniform_initializer(seed=2))
+    x = tf.nn.relu(tf1.matmul(x, kernel, transpose_b=True))
+  else:
+    x = tf1.layers.dense(
+        x, WIDTH, activation=tf.nn.relu,
+        kernel_initializer=tf1.glorot_uniform_initializer(seed=2),
+        name='middle')
+  logits = tf1.layers.dense(
+      x, 1, kernel_initializer=tf1.glorot_uniform_initializer(seed=3),
+      name='logits')
+  loss = tf1.losses.sigmoid_cross_entropy(labels, logits)
+  optimizer = params.get('wrapper', replicate.TowerOptimizer)(
+      params.get('optimizer_fn',
+                 lambda: tf1.train.GradientDescentOptimizer(0.5)))
+  train_op = optimizer.minimize(
+      loss, tf1.train.get_global_step(),
+      gate_gradients=params.get('gate', tf1.train.Optimizer.GATE_OP))
+  return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def _data(batch_size=8):
+  return mt.data(batch_size=batch_size, num_features=16)
+
+
+def _build(graph, devices, params):
+  """Builds the replicated train_op in `graph`; returns the EstimatorSpec."""
+  features, labels = _data()
+  with graph.as_default():
+    tf1.set_random_seed(0)
+    tf1.train.get_or_create_global_step()
+    return replicate.replicate_model_fn(_wide_model_fn, devices=devices)(
+        {'x': tf.constant(features['x'])}, tf.constant(labels), mt.TRAIN,
+        params)
+
+
+def _ancestors(ops):
+  """Every op `ops` depend on (data and control inputs), `ops` included."""
+  seen = set()
+  stack = list(ops)
+  while stack:
+    op = stack.pop()
+    if op.name in seen:
+      continue
+    seen.add(op.name)
+    stack.extend(t.op for t in op.inputs)
+    stack.extend(op.control_inputs)
+  return seen
+
+
+def _fused_ops(graph):
+  return [op for op in graph.get_operations()
+          if op.type == 'MatMul' and op.name.endswith('fused_gradient')]
+
+
+class FusedTrainingTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ('sgd_2', 'sgd', False, 2),
+      ('sgd_4', 'sgd', False, 4),
+      ('adam_4', 'adam', False, 4),
+      ('sgd_transpose_4', 'sgd', True, 4),
+      ('adam_transpose_2', 'adam', True, 2),
+  )
+  def test_matches_one_device(self, optimizer, transpose, num_towers):
+    features, labels = _data()
+    optimizer_fn = {
+        'sgd': lambda: tf1.train.GradientDescentOptimizer(0.5),
+        'adam': lambda: tf1.train.AdamOptimizer(0.01),
+    }[optimizer]
+    params = {'optimizer_fn': optimizer_fn, 'transpose': transpose}
+    expected = mt.train_variables(_wide_model_fn, features, labels,
+                                  mt.cpus(1), params=params)
+    actual = mt.train_variables(_wide_model_fn, features, labels,
+                                mt.cpus(num_towers), params=params)
+    self.assertEqual(sorted(expected), sorted(actual))
+    # Adam scales each element's step by 1 / (sqrt(v) + eps): where a
+    # gradient element is ~0 (rounding noise) the order of the sum (one
+    # product vs. towers added) moves it by up to ~lr * 1e-3.
+    atol = 2e-5 if optimizer == 'adam' else 1e-6
+    for name in expected:
+      self.assertAllClose(expected[name], actual[name], rtol=1e-5, atol=atol,
+                          msg=name)
+    graph = tf.Graph()
+    _build(graph, mt.cpus(num_towers), params)
+    # Exactly the middle kernel's gradient is fused, on its variable's device.
+    fused = _fused_ops(graph)
+    self.assertLen(fused, 1)
+    self.assertEqual('/device:CPU:0', fused[0].device)
+    self.assertEqual([WIDTH, WIDTH], fused[0].outputs[0].shape.as_list())
+
+  def test_towers_weight_gradients_are_not_in_the_step(self):
+    graph = tf.Graph()
+    spec = _build(graph, mt.cpus(4), {})
+    needed = _ancestors([spec.train_op.op if hasattr(spec.train_op, 'op')
+                         else spec.train_op])
+    # The towers' own [384, 384] products (the MatMul gradients of the middle
+    # kernel, one per tower) are built but not needed by the train_op.
+    tower_products = [
+        op for op in graph.get_operations()
+        if op.type == 'MatMul' and 'gradients' in op.name and
+        op.outputs[0].shape.as_list() == [WIDTH, WIDTH]]
+    self.assertLen(tower_products, 4)
+    self.assertFalse([op.name for op in tower_products if op.name in needed])
+    self.assertIn(_fused_ops(graph)[0].name, needed)
+
+  @parameterized.named_parameters(('fused', False), ('transposed', True))
+  def test_updates_wait_for_every_backward_read_of_their_variable(
+      self, transpose):
+    # What GATE_OP guarantees: no update of W while a gradient op still
+    # reads W (e.g. dX = dY . W^T). Every such reader, in every tower, must
+    # come before the op that applies W's gradient.
+    graph = tf.Graph()
+    _build(graph, mt.cpus(4), {'transpose': transpose})
+    checked = 0
+    for var in graph.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES):
+      reads = [t for op in graph.get_operations()
+               if op.type in ('Identity', 'ReadVariableOp') and op.inputs and
+               op.inputs[0].op is var.op for t in op.outputs]
+      readers = [op for t in reads for op in t.consumers()
+                 if 'gradients' in op.name]
+      apply_ops = [op for op in graph.get_operations()
+                   if op.type.endswith('ApplyGradientDescent') and
+                   op.inputs[0].op is var.op]
+      self.assertLen(apply_ops, 1)
+      needed = _ancestors(apply_ops)
+      if var.op.name == 'in/kernel':
+        # Its readers compute the gradient of the model's input, which nothing
+        # uses: no gate waits for them, so they are not run at all.
+        self.assertLen(readers, 4)
+        self.assertFalse(set(op.name for op in readers) & needed)
+        continue
+      self.assertFalse([op.name for op in readers if op.name not in needed],
+                       msg=var.op.name)
+      checked += len(readers)
+    # The middle and the logits kernels are read by each tower's dX.
+    self.assertEqual(2 * 4, checked)
+
+  def test_gate_graph_is_passed_through_and_not_fused(self):
+    features, labels = _data()
+    params = {'gate': tf1.train.Optimizer.GATE_GRAPH}
+    graph = tf.Graph()
+    _build(graph, mt.cpus(4), params)
+    self.assertEmpty(_fused_ops(graph))
+    self.assertEmpty([op for op in graph.get_operations()
+                      if op.name.endswith('gated_gradient')])
+    expected = mt.train_variables(_wide_model_fn, features, labels,
+                                  mt.cpus(1), params=params)
+    actual = mt.train_variables(_wide_model_fn, features, labels, mt.cpus(4),
+                                params=params)
+    for name in expected:
+      self.assertAllClose(expected[name], actual[name], rtol=1e-5, atol=1e-6)
+
+  def test_gate_none_is_fused_without_gates(self):
+    graph = tf.Graph()
+    _build(graph, mt.cpus(4), {'gate': tf1.train.Optimizer.GATE_NONE})
+    self.assertLen(_fused_ops(graph), 1)
+    self.assertEmpty([op for op in graph.get_operations()
+                      if op.name.endswith('gated_gradient')])
+
+  def test_bad_gate_gradients(self):
+    with self.assertRaisesRegex(
+        errors.InvalidArgumentError,
+        r'gate_gradients must be TowerOptimizer.GATE_NONE, GATE_OP or '
+        r'GATE_GRAPH, got 7'):
+      _build(tf.Graph(), mt.cpus(2), {'gate': 7})
+
+  @parameterized.named_parameters(('mean', 'mean'), ('sum', 'sum'))
+  def test_matches_contrib_oracle(self, reduction):
+    if IS_TF2:
+      self.skipTest('tf.contrib exists only in TF 1.x')
+    contrib = tf.contrib.estimator  # pylint: disable=no-member
+    features, labels = _data(batch_size=16)
+    reduction = {'mean': tf1.losses.Reduction.MEAN,
+                 'sum': tf1.losses.Reduction.SUM}[reduction]
+    results = []
+    for replicate_fn, wrapper in (
+        (replicate.replicate_model_fn, replicate.TowerOptimizer),
+        (contrib.replicate_model_fn, contrib.TowerOptimizer)):
+      with tf.Graph().as_default():
+        tf1.set_random_seed(0)
+        tf1.train.get_or_create_global_step()
+        spec = replicate_fn(_wide_model_fn, loss_reduction=reduction,
+                            devices=mt.cpus(4))(
+                                {'x': tf.constant(features['x'])},
+                                tf.constant(labels), mt.TRAIN,
+                                {'wrapper': wrapper, 'optimizer_fn':
+                                 lambda: tf1.train.AdamOptimizer(0.01)})
+        with tf1.Session(
+            config=replicate.testing.virtual_cpu_config(4)) as sess:
+          sess.run(tf1.global_variables_initializer())
+          for _ in range(4):
+            sess.run(spec.train_op)
+          results.append({v.op.name: sess.run(v)
+                          for v in tf1.global_variables()})
+    ours, theirs = results
+    self.assertEqual(sorted(theirs), sorted(ours))
+    # atol as in test_matches_one_device: Adam turns rounding differences of
+    # ~0 gradient elements (one fused product vs. four summed) into steps.
+    for name in theirs:
+      self.assertAllClose(theirs[name], ours[name], rtol=1e-5, atol=2e-5,
+                          msg=name)
+
+
+def _tower_products(devices, shapes, transposes=None, seed=0, dynamic=False):
+  """Per-tower `matmul(a_i, b_i)` gradients of one variable, with raw info.
+
+  Args:
+    devices: one device per tower.
+    shapes: (shape of every a_i, of every b_i, of the variable).
+    transposes: per tower `(transpose_a, transpose_b)`; default (True, False)
+      as in the weight gradient of `x . W`.
+    seed: NumPy seed of the values.
+    dynamic: give every a_i an unknown static shape.
+
+  Returns:
+    (tower_grads_and_vars, raw_gradients, [(a_i, b_i) arrays]).
+  """
+  transposes = transposes or [(True, False)] * len(devices)
+  rng = np.random.RandomState(seed)
+  arrays = []
+  tower_grads = []
+  raw = {}
+  with tf1.device(devices[0]):
+    var = tf1.get_variable('w', shapes[2], initializer=tf1.zeros_initializer())
+  for device, (transpose_a, transpose_b) in zip(devices, transposes):
+    a = rng.normal(size=shapes[0]).astype(np.float32)
+    b = rng.normal(size=shapes[1]).astype(np.float32)
+    arrays.append((a, b))
+    with tf1.device(device):
+      a_tensor = tf.constant(a)
+      if dynamic:
+        a_tensor = tf1.placeholder_with_default(a_tensor, [None, None])
+      grad = tf1.matmul(a_tensor, tf.constant(b), transpose_a=transpose_a,
+                        transpose_b=transpose_b)
+    raw[grad.name] = gradient_gating.RawGradient(grad, ())
+    tower_grads.append([(grad, var)])
+  return tower_grads, raw, arrays
+
+
+class FusionConditionsTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      # Contracted dimension 2: inputs 3 x (10 + 14) < gradients 3 x 35.
+      ('a_transposed', True, False, (2, 5), (2, 7)),
+      ('b_transposed', False, True, (5, 2), (7, 2)),
+      ('both', True, True, (2, 5), (7, 2)),
+      ('neither', False, False, (5, 2), (2, 7)),
+  )
+  def test_fused_sum_equals_sum_of_products(self, transpose_a, transpose_b,
+                                            a_shape, b_shape):
+    devices = mt.cpus(3)
+    with tf.Graph().as_default():
+      tower_grads, raw, arrays = _tower_products(
+          devices, (a_shape, b_shape, (5, 7)),
+          [(transpose_a, transpose_b)] * len(devices))
+      (total, _), = gradient_aggregation.sum_gradients_by_variable(
+          tower_grads, raw_gradients=raw, fuse_min_bytes=0)
+      self.assertEqual('MatMul', total.op.type)
+      with tf1.Session(
+          config=replicate.testing.virtual_cpu_config(3)) as sess:
+        value = sess.run(total)
+    # sum_i op(a_i) . op(b_i), with op = transpose where flagged.
+    expected = sum((a.T if transpose_a else a).dot(b.T if transpose_b else b)
+                   for a, b in arrays)
+    self.assertAllClose(expected, value, rtol=1e-5)
+
+  @parameterized.named_parameters(
+      ('gpus', ['/device:GPU:0', '/device:GPU:1'], 0),
+      ('other_tasks', ['/job:worker/task:0/device:CPU:0',
+                       '/job:worker/task:1/device:CPU:0'], 0),
+      ('too_small', ['/device:CPU:0', '/device:CPU:1'], 10**6),
+  )
+  def test_summed_not_fused(self, devices, fuse_min_bytes):
+    with tf.Graph().as_default():
+      tower_grads, raw, _ = _tower_products(devices, ((2, 5), (2, 7), (5, 7)))
+      (total, _), = gradient_aggregation.sum_gradients_by_variable(
+          tower_grads, raw_gradients=raw, fuse_min_bytes=fuse_min_bytes)
+      self.assertEqual('AddN', total.op.type)
+
+  def test_not_fused_when_inputs_outweigh_the_gradients(self):
+    # 2 towers x (100x5 + 100x7) input elements = 2400 >= 2 x 35 replaced.
+    with tf.Graph().as_default():
+      tower_grads, raw, _ = _tower_products(
+          mt.cpus(2), ((100, 5), (100, 7), (5, 7)))
+      (total, _), = gradient_aggregation.sum_gradients_by_variable(
+          tower_grads, raw_gradients=raw, fuse_min_bytes=0)
+      self.assertEqual('AddN', total.op.type)
+
+  def test_not_fused_without_raw_record_or_with_other_transposes(self):
+    with tf.Graph().as_default():
+      tower_grads, raw, _ = _tower_products(mt.cpus(2),
+                                            ((2, 5), (2, 7), (5, 7)))
+      (total, _), = gradient_aggregation.sum_gradients_by_variable(
+          tower_grads, fuse_min_bytes=0)
+      self.assertEqual('AddN', total.op.type)
+      # A gradient transformed after compute_gradients (here: scaled) is not
+      # the recorded one: summed.
+      scaled = [[(g * 2.0, v)] for [(g, v)] in tower_grads]
+      (total, _), = gradient_aggregation.sum_gradients_by_variable(
+          scaled, raw_gradients=raw, fuse_min_bytes=0)
+      self.assertEqual('AddN', total.op.type)
+    with tf.Graph().as_default():
+      # Tower 0 computes a^T . b, tower 1 a . b (square a, of unknown static
+      # shape so that only the transposes rule it out): not one product.
+      tower_grads, raw, _ = _tower_products(
+          mt.cpus(2), ((5, 5), (5, 7), (5, 7)), [(True, False), (False, False)],
+          dynamic=True)
+      (total, _), = gradient_aggregation.sum_gradients_by_variable(
+          tower_grads, raw_gradients=raw, fuse_min_bytes=0)
+      self.assertEqual('AddN', total.op.type)
+
+
+if __name__ == '__main__':
+  tf.test.main()
