@@ -19,6 +19,7 @@ from replicate import batch_split
 from replicate import cluster
 from replicate import device_setter
 from replicate import errors
+from replicate import matmul_gradient
 from replicate import tower_collections
 from replicate import tower_context
 from replicate import tower_specs
@@ -237,8 +238,10 @@ def _replicate(model_fn, features, labels, mode, params, config, placement,
             tf1.GraphKeys.METRIC_VARIABLES))
         with _tower_scopes(replication, tower_id), tower_context.tower_scope(
             replication, tower), collections.tower(tower_id), tf1.device(
-                device_setter.tower_device_setter(device,
-                                                  choose_parameter_device)):
+                device_setter.tower_device_setter(
+                    device, choose_parameter_device)), (
+                        matmul_gradient.cpu_tower_gradients(
+                            graph, device, enabled=mode == ModeKeys.TRAIN)):
           spec = _call_model_fn(model_fn, feature_shards[tower_id],
                                 label_shards[tower_id], mode, params, config)
           _check_tower(spec, tower, replication, trainable_before)

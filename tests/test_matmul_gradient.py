@@ -1,0 +1,145 @@
+"""The CPU tower MatMul gradient (replicate/matmul_gradient.py)."""
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+
+import replicate
+from replicate import matmul_gradient
+from replicate._compat import tf1
+
+import model_testing as mt
+
+
+def _gradients(transpose_a, transpose_b, a_shape, b_shape, device, override,
+               dtype=np.float32):
+  """d(sum(matmul(a, b) * c))/d(a, b) in a fresh graph, with or without the
+  override; returns (values, graph)."""
+  rng = np.random.RandomState(0)
+  a_value = rng.normal(size=a_shape).astype(dtype)
+  b_value = rng.normal(size=b_shape).astype(dtype)
+  with tf.Graph().as_default() as graph:
+    a = tf1.placeholder(dtype, a_shape)
+    b = tf1.placeholder(dtype, b_shape)
+    with tf1.device(device), matmul_gradient.cpu_tower_gradients(
+        graph, device, enabled=override):
+      product = tf1.matmul(a, b, transpose_a=transpose_a,
+                           transpose_b=transpose_b)
+    # A weighting so that the incoming gradient is not all ones.
+    weights = tf.constant(rng.normal(size=product.shape.as_list()).astype(
+        dtype))
+    with tf1.device(device):
+      grads = tf.gradients(tf.reduce_sum(product * weights), [a, b])
+    with tf1.Session() as sess:
+      values = sess.run(grads, {a: a_value, b: b_value})
+  return values, graph
+
+
+class MatMulGradientTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      # (transpose_a, transpose_b, a shape, b shape); b of 300 x 300 = 90000
+      # elements is above MIN_ELEMENTS (65536).
+      ('plain_large', False, False, (8, 300), (300, 300)),
+      ('plain_small', False, False, (8, 30), (30, 30)),
+      ('transpose_a', True, False, (300, 8), (300, 300)),
+      ('transpose_b', False, True, (8, 300), (300, 300)),
+      ('both', True, True, (300, 8), (300, 300)),
+  )
+  def test_same_gradients_as_tensorflow(self, transpose_a, transpose_b,
+                                        a_shape, b_shape):
+    # float64, so that the other summation order of the transpose-free
+    # product differs only at ~1e-13 (float32 sums of 300 terms of ~10 may
+    # differ at ~1e-5).
+    expected, _ = _gradients(transpose_a, transpose_b, a_shape, b_shape,
+                             '/device:CPU:0', override=False,
+                             dtype=np.float64)
+    actual, graph = _gradients(transpose_a, transpose_b, a_shape, b_shape,
+                               '/device:CPU:0', override=True,
+                               dtype=np.float64)
+    for want, got in zip(expected, actual):
+      self.assertAllClose(want, got, rtol=1e-10, atol=1e-10)
+    forward = [op for op in graph.get_operations()
+               if op.type == 'MatMul' and 'gradients' not in op.name]
+    self.assertLen(forward, 1)
+    self.assertEqual(tf.compat.as_bytes(matmul_gradient.GRADIENT_NAME),
+                     forward[0].get_attr('_gradient_op_type'))
+
+  def test_large_weight_input_gradient_has_no_transposed_weight(self):
+    # dx = (W . dy^T)^T: the weight is the left operand, untransposed, and
+    # the only transposed operand is the [8, 300] incoming gradient.
+    _, graph = _gradients(False, False, (8, 300), (300, 300), '/device:CPU:0',
+                          override=True)
+    grad_ops = [op for op in graph.get_operations()
+                if op.name.startswith('gradients/')]
+    self.assertIn('Transpose', [op.type for op in grad_ops])
+    for op in grad_ops:
+      if op.type == 'MatMul' and op.get_attr('transpose_b'):
+        self.assertEqual([8, 300], op.inputs[1].shape.as_list())
+
+  @parameterized.named_parameters(
+      ('small_weight', (8, 30), (30, 30), '/device:CPU:0'),
+      ('gpu', (8, 300), (300, 300), '/device:GPU:0'),
+  )
+  def test_tensorflow_formula_where_it_does_not_pay(self, a_shape, b_shape,
+                                                    device):
+    with tf.Graph().as_default() as graph:
+      a = tf1.placeholder(tf.float32, a_shape)
+      b = tf1.placeholder(tf.float32, b_shape)
+      # The override map is entered directly so that a GPU op gets it too:
+      # the gradient function itself keeps TF's formula off CPUs.
+      with tf1.device(device), graph.gradient_override_map(
+          {'MatMul': matmul_gradient.GRADIENT_NAME}):
+        product = tf1.matmul(a, b)
+      with tf1.device(device):
+        tf.gradients(tf.reduce_sum(product), [a, b])
+    self.assertNotIn('Transpose', [op.type for op in graph.get_operations()])
+
+  def test_override_only_on_cpu_devices_and_when_enabled(self):
+    for device, enabled, expected in (('/device:CPU:1', True, True),
+                                      ('/device:GPU:0', True, False),
+                                      ('/device:CPU:1', False, False)):
+      with tf.Graph().as_default() as graph:
+        with matmul_gradient.cpu_tower_gradients(graph, device, enabled):
+          op = tf1.matmul(tf.ones([2, 2]), tf.ones([2, 2])).op
+        try:
+          op.get_attr('_gradient_op_type')
+          overridden = True
+        except ValueError:
+          overridden = False
+      self.assertEqual(expected, overridden, msg=(device, enabled))
+
+
+class ReplicatedTowersTest(tf.test.TestCase):
+
+  def _matmuls(self, mode, devices):
+    features, labels = mt.data(batch_size=8)
+    with tf.Graph().as_default() as graph:
+      tf1.train.get_or_create_global_step()
+      replicate.replicate_model_fn(mt.mlp_model_fn, devices=devices)(
+          {'x': tf.constant(features['x'])},
+          None if mode == mt.PREDICT else tf.constant(labels), mode, {})
+      return [op for op in graph.get_operations()
+              if op.type == 'MatMul' and 'gradients' not in op.name]
+
+  def _overridden(self, op):
+    try:
+      return op.get_attr('_gradient_op_type') == tf.compat.as_bytes(
+          matmul_gradient.GRADIENT_NAME)
+    except ValueError:
+      return False
+
+  def test_training_towers_on_cpus_get_the_override(self):
+    matmuls = self._matmuls(mt.TRAIN, mt.cpus(2))
+    # Two dense layers x two towers.
+    self.assertLen(matmuls, 4)
+    self.assertTrue(all(self._overridden(op) for op in matmuls))
+
+  def test_not_in_eval_or_predict(self):
+    for mode in (mt.EVAL, mt.PREDICT):
+      matmuls = self._matmuls(mode, mt.cpus(2))
+      self.assertTrue(matmuls)
+      self.assertFalse([op.name for op in matmuls if self._overridden(op)])
+
+
+if __name__ == '__main__':
+  tf.test.main()
