@@ -37,6 +37,7 @@ import collections
 from absl import logging
 import tensorflow as tf
 
+from replicate import device_util
 from replicate import gradient_gating
 from replicate._compat import tf1
 
@@ -228,15 +229,11 @@ def _transposes(matmul_op):
 
 def _on_cpus_of_one_task(devices):
   """Whether every device string names a CPU of the same job/replica/task."""
-  tasks = set()
-  for device in devices:
-    if not device:
-      return False
-    spec = tf1.DeviceSpec.from_string(device)
-    if (spec.device_type or '').upper() != 'CPU':
-      return False
-    tasks.add((spec.job, spec.replica, spec.task))
-  return len(tasks) == 1
+  if not all(devices):
+    return False
+  if any(device_util.device_type_of(d) != 'CPU' for d in devices):
+    return False
+  return len(set(device_util.worker_of(d) for d in devices)) == 1
 
 
 def _fused_matmul_sum(raws, device):

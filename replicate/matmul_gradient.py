@@ -25,6 +25,7 @@ import contextlib
 
 import tensorflow as tf
 
+from replicate import device_util
 from replicate._compat import tf1
 
 GRADIENT_NAME = 'ReplicateCpuMatMul'
@@ -53,8 +54,7 @@ def cpu_tower_gradients(graph, device, enabled=True):
 
 
 def _is_cpu(device):
-  spec = tf1.DeviceSpec.from_string(device or '')
-  return (spec.device_type or '').upper() == 'CPU'
+  return bool(device) and device_util.device_type_of(device) == 'CPU'
 
 
 @tf1.RegisterGradient(GRADIENT_NAME)
@@ -84,7 +84,7 @@ def _matmul_gradient(op, grad):
 
 def _transpose_free(op, weight, grad):
   """Whether `(W . dy^T)^T` is worth it: on CPU, a large W, a smaller dy."""
-  if not op.device or not _is_cpu(op.device):
+  if not _is_cpu(op.device):
     return False
   if not weight.dtype.is_floating:
     return False
