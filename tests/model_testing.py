@@ -57,12 +57,17 @@ def mlp_model_fn(features, labels, mode, params):
 
 def train_variables(model_fn, features, labels, devices, steps=3,
                     loss_reduction=tf1.losses.Reduction.MEAN, params=None,
-                    num_cpus=4):
-  """Trains in a fresh graph; returns {name: value} of global variables."""
+                    num_cpus=4, replicate_fn=None):
+  """Trains in a fresh graph; returns {name: value} of global variables.
+
+  `replicate_fn` replicates `model_fn` (default `replicate.replicate_model_fn`;
+  the oracle tests pass TF 1.15's contrib one).
+  """
+  replicate_fn = replicate_fn or replicate.replicate_model_fn
   with tf.Graph().as_default():
     tf1.set_random_seed(0)
     tf1.train.get_or_create_global_step()
-    spec = replicate.replicate_model_fn(
+    spec = replicate_fn(
         model_fn, loss_reduction=loss_reduction, devices=devices)(
             {k: tf.constant(v) for k, v in features.items()},
             None if labels is None else tf.constant(labels), TRAIN, params,

@@ -132,27 +132,17 @@ class ContribOracleNoRegularizerTest(tf.test.TestCase):
     if IS_TF2:
       self.skipTest('tf.contrib (the reference) exists only in TF 1.x')
     features, labels = mt.data(batch_size=8)
-    results = []
-    for fn, wrapper in ((replicate.replicate_model_fn,
-                         replicate.TowerOptimizer),
-                        (_contrib().replicate_model_fn,
-                         _contrib().TowerOptimizer)):
-      params = {'reduction': REDUCTION.SUM, 'wrapper': wrapper,
-                'optimizer_fn': lambda: tf1.train.GradientDescentOptimizer(0.1)}
-      model_fn = mt.mlp_model_fn
-      with tf.Graph().as_default():
-        tf1.set_random_seed(0)
-        tf1.train.get_or_create_global_step()
-        spec = fn(model_fn, loss_reduction=REDUCTION.SUM, devices=mt.cpus(4))(
-            {'x': tf.constant(features['x'])}, tf.constant(labels), mt.TRAIN,
-            params)
-        with tf1.Session(
-            config=replicate.testing.virtual_cpu_config(4)) as sess:
-          sess.run(tf1.global_variables_initializer())
-          for _ in range(3):
-            sess.run(spec.train_op)
-          results.append({v.op.name: sess.run(v)
-                          for v in tf1.global_variables()})
+    results = [
+        mt.train_variables(
+            mt.mlp_model_fn, features, labels, mt.cpus(4), steps=3,
+            loss_reduction=REDUCTION.SUM, replicate_fn=fn,
+            params={'reduction': REDUCTION.SUM, 'wrapper': wrapper,
+                    'optimizer_fn':
+                        lambda: tf1.train.GradientDescentOptimizer(0.1)})
+        for fn, wrapper in ((replicate.replicate_model_fn,
+                             replicate.TowerOptimizer),
+                            (_contrib().replicate_model_fn,
+                             _contrib().TowerOptimizer))]
     ours, theirs = results
     for name in theirs:
       self.assertAllClose(theirs[name], ours[name], rtol=1e-5, atol=1e-6)

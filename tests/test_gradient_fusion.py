@@ -201,26 +201,15 @@ class FusedTrainingTest(tf.test.TestCase, parameterized.TestCase):
     features, labels = _data(batch_size=16)
     reduction = {'mean': tf1.losses.Reduction.MEAN,
                  'sum': tf1.losses.Reduction.SUM}[reduction]
-    results = []
-    for replicate_fn, wrapper in (
-        (replicate.replicate_model_fn, replicate.TowerOptimizer),
-        (contrib.replicate_model_fn, contrib.TowerOptimizer)):
-      with tf.Graph().as_default():
-        tf1.set_random_seed(0)
-        tf1.train.get_or_create_global_step()
-        spec = replicate_fn(_wide_model_fn, loss_reduction=reduction,
-                            devices=mt.cpus(4))(
-                                {'x': tf.constant(features['x'])},
-                                tf.constant(labels), mt.TRAIN,
-                                {'wrapper': wrapper, 'optimizer_fn':
-                                 lambda: tf1.train.AdamOptimizer(0.01)})
-        with tf1.Session(
-            config=replicate.testing.virtual_cpu_config(4)) as sess:
-          sess.run(tf1.global_variables_initializer())
-          for _ in range(4):
-            sess.run(spec.train_op)
-          results.append({v.op.name: sess.run(v)
-                          for v in tf1.global_variables()})
+    results = [
+        mt.train_variables(
+            _wide_model_fn, features, labels, mt.cpus(4), steps=4,
+            loss_reduction=reduction, replicate_fn=replicate_fn,
+            params={'wrapper': wrapper, 'optimizer_fn':
+                    lambda: tf1.train.AdamOptimizer(0.01)})
+        for replicate_fn, wrapper in (
+            (replicate.replicate_model_fn, replicate.TowerOptimizer),
+            (contrib.replicate_model_fn, contrib.TowerOptimizer))]
     ours, theirs = results
     self.assertEqual(sorted(theirs), sorted(ours))
     # atol as in test_matches_one_device: Adam turns rounding differences of
