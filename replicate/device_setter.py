@@ -9,7 +9,7 @@ from replicate import errors
 from replicate._compat import tf1
 
 # Ops that own state and belong on a parameter device, not on a tower device.
-_STATEFUL_OP_TYPES = frozenset([
+STATEFUL_OP_TYPES = frozenset([
     'Variable',
     'VariableV2',
     'VarHandleOp',
@@ -120,7 +120,8 @@ def parameter_device_chooser(placement, devices):
   return lambda unused_op: device
 
 
-def tower_device_setter(worker_device, choose_parameter_device):
+def tower_device_setter(worker_device, choose_parameter_device,
+                        requested_devices=None):
   """A device function: stateful ops go to a parameter device, others here.
 
   A device the user set explicitly inside `model_fn` (e.g. `tf.device('/cpu:0')`
@@ -129,29 +130,61 @@ def tower_device_setter(worker_device, choose_parameter_device):
   Args:
     worker_device: the tower's device.
     choose_parameter_device: from `parameter_device_chooser`.
+    requested_devices: optional dict; when given, the device each placed op
+      requested from the scopes inside this one (`''` for none) is stored
+      under the op's name, so that a copy of the op can be placed on another
+      tower by the same rule (see `tower_device`).
 
   Returns:
     A function usable with `tf.device`.
   """
   worker_spec = tf1.DeviceSpec.from_string(worker_device)
+  # Most ops request the same few devices (usually none): parsing and merging
+  # device strings for every op would cost more than building some ops.
+  placed = {}
 
   def place(op):
-    current = tf1.DeviceSpec.from_string(op.device or '')
+    requested = op.device or ''
     # Device functions see Operations, and NodeDefs when a graph is imported.
     op_type = op.type if isinstance(op, tf1.Operation) else op.op
-    if op_type in _STATEFUL_OP_TYPES:
+    if requested_devices is not None:
+      requested_devices[op.name] = requested
+    if op_type in STATEFUL_OP_TYPES:
       spec = tf1.DeviceSpec.from_string(choose_parameter_device(op))
-    elif _on_another_task(current, worker_spec):
-      # Placed explicitly on another task, e.g. SyncReplicasOptimizer's token
-      # queue next to the global step on a ps: this tower's device type and
-      # index mean nothing there.
-      return current.to_string()
-    else:
-      spec = tf1.DeviceSpec.from_string(worker_spec.to_string())
-    spec.merge_from(current)
-    return spec.to_string()
+      spec.merge_from(tf1.DeviceSpec.from_string(requested))
+      return spec.to_string()
+    device = placed.get(requested)
+    if device is None:
+      device = placed[requested] = _tower_placement(requested, worker_spec)
+    return device
 
   return place
+
+
+def tower_device(requested, worker_device):
+  """Where `tower_device_setter(worker_device, ...)` puts a stateless op.
+
+  Args:
+    requested: the device the op requested (as recorded by
+      `tower_device_setter`'s `requested_devices`).
+    worker_device: the tower's device.
+
+  Returns:
+    The device string.
+  """
+  return _tower_placement(requested, tf1.DeviceSpec.from_string(worker_device))
+
+
+def _tower_placement(requested, worker_spec):
+  current = tf1.DeviceSpec.from_string(requested)
+  if _on_another_task(current, worker_spec):
+    # Placed explicitly on another task, e.g. SyncReplicasOptimizer's token
+    # queue next to the global step on a ps: this tower's device type and
+    # index mean nothing there.
+    return current.to_string()
+  spec = tf1.DeviceSpec.from_string(worker_spec.to_string())
+  spec.merge_from(current)
+  return spec.to_string()
 
 
 def _on_another_task(current, worker_spec):

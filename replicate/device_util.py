@@ -100,3 +100,22 @@ def resolve(device):
   if not device:
     return None
   return canonicalize(device)
+
+
+def on_cpus_of_one_task(devices):
+  """Whether every device string names a CPU of the same job/replica/task.
+
+  Such devices share the machine's cores and memory: a tensor moved between
+  them is not copied, and work moved between them costs nothing extra.
+
+  Args:
+    devices: device strings (an empty string counts as unknown: False).
+
+  Returns:
+    A bool.
+  """
+  if not all(devices):
+    return False
+  if any(device_type_of(d) != 'CPU' for d in devices):
+    return False
+  return len(set(worker_of(d) for d in devices)) == 1

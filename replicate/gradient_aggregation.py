@@ -209,7 +209,7 @@ def _fusable_matmul_gradients(grads, var, raw_gradients, fuse_min_bytes):
     if (raw.tensor.dtype != first.dtype or raw.tensor.shape != shape or
         _transposes(raw.tensor.op) != attrs):
       return None
-  if not _on_cpus_of_one_task([var.device] +
+  if not device_util.on_cpus_of_one_task([var.device] +
                               [raw.tensor.op.device for raw in raws]):
     return None
   input_elements = 0
@@ -225,15 +225,6 @@ def _fusable_matmul_gradients(grads, var, raw_gradients, fuse_min_bytes):
 
 def _transposes(matmul_op):
   return (matmul_op.get_attr('transpose_a'), matmul_op.get_attr('transpose_b'))
-
-
-def _on_cpus_of_one_task(devices):
-  """Whether every device string names a CPU of the same job/replica/task."""
-  if not all(devices):
-    return False
-  if any(device_util.device_type_of(d) != 'CPU' for d in devices):
-    return False
-  return len(set(device_util.worker_of(d) for d in devices)) == 1
 
 
 def _fused_matmul_sum(raws, device):
