@@ -9,6 +9,7 @@ from replicate.version import __version__
 # Core: replicate an Estimator model_fn (contrib.estimator names).
 from replicate.model_fn import replicate_model_fn
 from replicate.device_setter import VariablePlacement
+from replicate.tower_cloning import TowerBuild
 from replicate.tower_optimizer import TowerOptimizer
 from replicate.tower_context import TowerContext
 from replicate.tower_context import get_tower_context

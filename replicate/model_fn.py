@@ -14,12 +14,14 @@ import copy
 
 from absl import logging
 import six
+import tensorflow as tf
 
 from replicate import batch_split
 from replicate import cluster
 from replicate import device_setter
 from replicate import errors
 from replicate import matmul_gradient
+from replicate import tower_cloning
 from replicate import tower_collections
 from replicate import tower_context
 from replicate import tower_specs
@@ -29,6 +31,7 @@ from replicate._compat import fn_args
 from replicate._compat import local_gpu_devices
 from replicate._compat import tf1
 from replicate.device_setter import VariablePlacement
+from replicate.tower_cloning import TowerBuild
 
 _SUPPORTED_REDUCTIONS = (
     tf1.losses.Reduction.SUM,
@@ -42,7 +45,8 @@ def replicate_model_fn(model_fn,
                        loss_reduction=tf1.losses.Reduction.SUM_BY_NONZERO_WEIGHTS,
                        devices=None,
                        variable_placement=VariablePlacement.CONSOLIDATION_DEVICE,
-                       ps_strategy=None):
+                       ps_strategy=None,
+                       tower_build=TowerBuild.CLONE):
   """Replicates `model_fn` over local devices: one tower per device.
 
   Drop-in for contrib's `replicate_model_fn`:
@@ -57,7 +61,9 @@ def replicate_model_fn(model_fn,
   summed per variable and applied once, so training follows the unreplicated
   model on the full batch. Tower 0 is built under no extra name scope, tower
   `i` under `tower_<i>`, and variables are shared, so checkpoints carry the
-  names of the unreplicated model and are interchangeable with it.
+  names of the unreplicated model and are interchangeable with it. In TRAIN,
+  `model_fn` is called once and towers 1..N-1 are copies of tower 0's graph
+  where that is right (see `tower_build`).
 
   Args:
     model_fn: an Estimator `model_fn` taking `features`, `labels`, `mode` and
@@ -80,6 +86,13 @@ def replicate_model_fn(model_fn,
       task: `None` for round robin in creation order, or a callable
       `op -> task index` such as `replicate.GreedyLoadBalancingStrategy(
       num_ps, replicate.byte_size_load_fn)`.
+    tower_build: a `replicate.TowerBuild`. `CLONE` (the default): in TRAIN,
+      call `model_fn` once and copy tower 0's forward pass, loss and
+      gradients onto the other devices, which builds the graph several times
+      faster; where copying cannot be shown to be right (e.g. `model_fn`
+      calls `get_tower_context()`), a warning says why and every tower is
+      built by its own call. `CALL_PER_TOWER`: one `model_fn` call per tower
+      in every mode, as tf.contrib did. See replicate/tower_cloning.py.
 
   Returns:
     A `model_fn` with the signature `(features, labels, mode, params, config)`.
@@ -88,8 +101,8 @@ def replicate_model_fn(model_fn,
     InvalidTypeError: if `model_fn` is not callable or `devices` is not a list
       of strings.
     InvalidArgumentError: if `loss_reduction` is `NONE` or unknown, `devices`
-      is empty or repeats a device, `variable_placement` is unknown, or
-      `ps_strategy` comes with `ROUND_ROBIN`. When the model is built:
+      is empty or repeats a device, `variable_placement` or `tower_build` is
+      unknown, or `ps_strategy` comes with `ROUND_ROBIN`. When the model is built:
       `PARAMETER_SERVERS` or `ps_strategy` without a `ps` job in the cluster,
       `ROUND_ROBIN` with one, or devices naming a job or task the cluster
       does not have (see `replicate.cluster.placement`).
@@ -113,6 +126,10 @@ def replicate_model_fn(model_fn,
         'variable_placement must be a replicate.VariablePlacement (one of {}), '
         'got {!r}.'.format([p.name for p in VariablePlacement],
                            variable_placement))
+  if not isinstance(tower_build, TowerBuild):
+    raise errors.InvalidArgumentError(
+        'tower_build must be a replicate.TowerBuild (one of {}), got {!r}.'
+        .format([b.name for b in TowerBuild], tower_build))
   cluster.check_ps_strategy(ps_strategy, variable_placement)
   if devices is not None:
     devices = _canonical_devices(devices)
@@ -130,7 +147,7 @@ def replicate_model_fn(model_fn,
                                                  tower_devices),
           device_setter.consolidation_device(tower_devices))
     spec = _replicate(model_fn, features, labels, mode, params, config,
-                      placement, loss_reduction)
+                      placement, loss_reduction, tower_build)
     if mode == ModeKeys.TRAIN and placement.training_hooks:
       spec = spec._replace(training_hooks=(
           tuple(spec.training_hooks) + placement.training_hooks))
@@ -201,7 +218,7 @@ def _check_devices_exist(devices, config):
 
 
 def _replicate(model_fn, features, labels, mode, params, config, placement,
-               loss_reduction):
+               loss_reduction, tower_build):
   """Builds the towers and merges their specs."""
   if mode not in (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT):
     raise errors.InvalidArgumentError(
@@ -228,33 +245,68 @@ def _replicate(model_fn, features, labels, mode, params, config, placement,
     collections = tower_collections.TowerCollections(
         graph, num_towers,
         share_regularization=loss_reduction != tf1.losses.Reduction.SUM)
+    cloner = None
+    if mode == ModeKeys.TRAIN and tower_build == TowerBuild.CLONE:
+      cloner = tower_cloning.TowerCloner(
+          graph, devices, len(graph.get_operations()), [
+              tf.nest.flatten((f, l), expand_composites=True)
+              for f, l in zip(feature_shards, label_shards)
+          ])
+      replication.cloner = cloner
     specs = []
     metric_variables = []
     try:
       for tower_id, device in enumerate(devices):
+        if replication.towers_cloned:
+          break
         tower = tower_context.TowerContext(tower_id, num_towers, device)
         trainable_before = _ids(tf1.trainable_variables())
         metrics_before = _ids(graph.get_collection(
             tf1.GraphKeys.METRIC_VARIABLES))
+        requested_devices = (
+            cloner.requested_devices if replication.cloner else None)
         with _tower_scopes(replication, tower_id), tower_context.tower_scope(
             replication, tower), collections.tower(tower_id), tf1.device(
                 device_setter.tower_device_setter(
-                    device, choose_parameter_device)), (
+                    device, choose_parameter_device, requested_devices)), (
                         matmul_gradient.cpu_tower_gradients(
                             graph, device, enabled=mode == ModeKeys.TRAIN)):
           spec = _call_model_fn(model_fn, feature_shards[tower_id],
                                 label_shards[tower_id], mode, params, config)
           _check_tower(spec, tower, replication, trainable_before)
           spec = spec._replace(loss=replication.scale_loss(spec.loss))
+        replication.cloner = None
         specs.append(spec)
         metric_variables.append([
             v for v in graph.get_collection(tf1.GraphKeys.METRIC_VARIABLES)
             if id(v) not in metrics_before
         ])
+      if replication.towers_cloned:
+        specs.extend(_copied_specs(cloner, specs[0], collections, num_towers))
+        metric_variables.extend([] for _ in range(1, num_towers))
       replication.check_same_optimizer_calls()
     finally:
-      collections.finish(applying_tower_id=num_towers - 1)
-    return tower_specs.merge(mode, specs, metric_variables, aggregation_device)
+      replication.cloner = None
+      collections.finish()
+    return tower_specs.merge(mode, specs, metric_variables, aggregation_device,
+                             replication.applying_tower_id)
+
+
+def _copied_specs(cloner, first_spec, collections, num_towers):
+  """The specs of towers 1..N-1 when they are copies of tower 0.
+
+  Their losses are copies of tower 0's (copied now if the gradients did not
+  need them); everything else is tower 0's spec.
+  """
+  losses = collections.added(0, tf1.GraphKeys.LOSSES)
+  cloner.clone([first_spec.loss] + losses)
+  specs = []
+  for tower_id in range(1, num_towers):
+    collections.record_copied_losses(
+        tower_id, [cloner.get(tower_id, loss) for loss in losses])
+    specs.append(first_spec._replace(
+        loss=cloner.get(tower_id, first_spec.loss)))
+  return specs
 
 
 def _ids(items):

@@ -17,15 +17,16 @@ before replication plus tower `i`'s own, and nothing of the other towers:
   reduction averages the tower losses, they count exactly once, as in the
   unreplicated model. Under `Reduction.SUM` tower losses are added, not
   averaged, so only tower 0 sees them (again: exactly once overall).
-* `UPDATE_OPS`: the policy for batch-norm moving statistics is "the applying
-  tower's updates only". The last tower -- the one whose `train_op` applies
-  the gathered gradients -- runs its updates; the updates other towers build
-  are never run (`TowerOptimizer` computes their gradients outside the
-  `tf.control_dependencies(update_ops)` block that usually wraps
-  `minimize`). One writer per variable per step makes the moving statistics
-  deterministic: two identical runs give bit-identical values. They are
-  estimated from one tower's shard per step, as in tf_cnn_benchmarks.
-  Afterwards the collection holds the applying tower's updates.
+* `UPDATE_OPS`: the policy for batch-norm moving statistics is "tower 0's
+  updates only". Tower 0's gradients wait for its updates as the model asks
+  (usually a `tf.control_dependencies(update_ops)` block around `minimize`);
+  the updates other towers build are never run (`TowerOptimizer` computes
+  their gradients outside that block, and towers copied from tower 0 share
+  its updates instead of copying them). One writer per variable per step
+  makes the moving statistics deterministic: two identical runs give
+  bit-identical values. They are estimated from one tower's shard per step,
+  tower 0's, as in tf_cnn_benchmarks. Afterwards the collection holds tower
+  0's updates.
 
 The lists are changed in place through the public `get_collection_ref` and
 restored in `finally` blocks; no state of this library is stored in the graph.
@@ -36,6 +37,8 @@ from replicate._compat import tf1
 
 _KEYS = (tf1.GraphKeys.LOSSES, tf1.GraphKeys.REGULARIZATION_LOSSES,
          tf1.GraphKeys.UPDATE_OPS)
+# The tower whose UPDATE_OPS run (see the module docstring).
+UPDATE_TOWER_ID = 0
 
 
 class TowerCollections(object):
@@ -79,15 +82,24 @@ class TowerCollections(object):
             if id(item) not in seen
         ]
 
-  def tower_update_ops(self, tower_id):
-    """The update ops tower `tower_id` added."""
-    return list(self._added[tf1.GraphKeys.UPDATE_OPS][tower_id])
+  def added(self, tower_id, key):
+    """What tower `tower_id` added to collection `key`."""
+    return list(self._added[key][tower_id])
 
-  def finish(self, applying_tower_id):
+  def record_copied_losses(self, tower_id, losses):
+    """Records the losses of a tower copied from tower 0 (tower_cloning.py).
+
+    Args:
+      tower_id: the copied tower.
+      losses: its copies of tower 0's `LOSSES` entries.
+    """
+    self._added[tf1.GraphKeys.LOSSES][tower_id] = list(losses)
+
+  def finish(self):
     """Leaves the collections as described in the module docstring."""
     for key in _KEYS:
       if key == tf1.GraphKeys.UPDATE_OPS:
-        added = self._added[key][applying_tower_id]
+        added = self._added[key][UPDATE_TOWER_ID]
       else:
         added = [item for tower in self._added[key] for item in tower]
       self._set(key, self._before[key] + added)

@@ -87,6 +87,12 @@ class Replication(object):
     loss_reduction: a `tf.compat.v1.losses.Reduction`.
     tower: the `TowerContext` being built, or `None` between towers.
     first_tower_scopes: `(variable_scope, name_scope_string)` of tower 0.
+    cloner: a `tower_cloning.TowerCloner` while tower 0 is being built and
+      may be copied onto the other towers, else `None`.
+    towers_cloned: whether towers 1..N-1 are copies of tower 0 (then tower 0
+      applies the gradients; else the last tower does).
+    tower_context_requested: whether `model_fn` asked `get_tower_context()`
+      which tower it builds.
   """
 
   def __init__(self, graph, num_towers, loss_reduction):
@@ -95,8 +101,16 @@ class Replication(object):
     self.loss_reduction = loss_reduction
     self.tower = None
     self.first_tower_scopes = None
+    self.cloner = None
+    self.towers_cloned = False
+    self.tower_context_requested = False
     self._calls = [[] for _ in range(num_towers)]
     self._raw_gradients = {}
+
+  @property
+  def applying_tower_id(self):
+    """The tower whose `apply_gradients` sums and applies every tower's."""
+    return 0 if self.towers_cloned else self.num_towers - 1
 
   def scale_loss(self, loss):
     """Scales one tower's loss so that summing the towers' gives the total.
@@ -116,17 +130,20 @@ class Replication(object):
     return tf.math.truediv(
         loss, tf.cast(self.num_towers, loss.dtype), name='averaged_loss')
 
-  def record_optimizer_call(self, optimizer_name, grads_and_vars):
-    """Records one `apply_gradients` call of the current tower.
+  def record_optimizer_call(self, optimizer_name, grads_and_vars,
+                            tower_id=None):
+    """Records one `apply_gradients` call of a tower.
 
     Args:
       optimizer_name: the wrapped optimizer's name, to explain mismatches.
       grads_and_vars: the list of `(gradient, variable)` pairs it was given.
+      tower_id: the tower that made the call (a copy of tower 0's, for a
+        cloned tower); None for the tower being built.
 
     Returns:
       The index of this call among the tower's optimizer calls.
     """
-    calls = self._calls[self.tower.tower_id]
+    calls = self._calls[self.tower.tower_id if tower_id is None else tower_id]
     calls.append(_OptimizerCall(optimizer_name, list(grads_and_vars)))
     return len(calls) - 1
 
@@ -147,6 +164,11 @@ class Replication(object):
   def num_optimizer_calls(self, tower_id):
     return len(self._calls[tower_id])
 
+  def optimizer_call(self, tower_id, call_index):
+    """`(optimizer_name, grads_and_vars)` of one recorded call."""
+    call = self._calls[tower_id][call_index]
+    return call.optimizer_name, call.grads_and_vars
+
   def gradients_of_call(self, call_index):
     """The `(gradient, variable)` lists of call `call_index`, one per tower.
 
@@ -155,7 +177,7 @@ class Replication(object):
 
     Returns:
       A list with one list of `(gradient, variable)` pairs per tower built so
-      far (all towers, when called from the last one).
+      far (all towers, when called from the applying tower).
 
     Raises:
       InvalidArgumentError: if an earlier tower made fewer optimizer calls, or
@@ -163,7 +185,8 @@ class Replication(object):
     """
     this_call = self._calls[self.tower.tower_id][call_index]
     per_tower = []
-    for tower_id in range(self.tower.tower_id + 1):
+    built = self.num_towers if self.towers_cloned else self.tower.tower_id + 1
+    for tower_id in range(built):
       calls = self._calls[tower_id]
       if call_index >= len(calls):
         raise errors.InvalidArgumentError(
@@ -244,10 +267,27 @@ def get_tower_context():
 
   Inside a `model_fn` wrapped by `replicate_model_fn` this tells which tower
   the call builds (also with a single device: tower 0 of 1). Anywhere else it
-  returns `None`.
+  returns `None`. Asking makes `replicate_model_fn` call `model_fn` once per
+  tower in TRAIN too, instead of copying tower 0 (see tower_cloning.py).
 
   Returns:
     A `TowerContext` or `None`.
+
+  Raises:
+    ContextError: if called in TRAIN after tower 0's first
+      `TowerOptimizer.apply_gradients`, once tower 0 was copied onto the
+      other towers (`TowerBuild.CLONE`).
   """
   replication = current_replication()
-  return None if replication is None else replication.tower
+  if replication is None:
+    return None
+  if replication.towers_cloned:
+    raise errors.ContextError(
+        'replicate.get_tower_context() was called after tower 0 was copied '
+        'onto the other towers (at its first TowerOptimizer.apply_gradients), '
+        'so the answer could no longer make the towers differ. Call it before '
+        'the optimizer, or pass tower_build=replicate.TowerBuild.'
+        'CALL_PER_TOWER to replicate_model_fn to call model_fn once per '
+        'tower.')
+  replication.tower_context_requested = True
+  return replication.tower

@@ -14,6 +14,8 @@ from replicate import errors
 from replicate import gradient_aggregation
 from replicate import gradient_gating
 from replicate import mirrored_strategy
+from replicate import tower_cloning
+from replicate import tower_collections
 from replicate import tower_context
 from replicate._compat import tf1
 
@@ -105,11 +107,11 @@ class TowerOptimizer(tf1.train.Optimizer):
       raise errors.InvalidArgumentError(
           'TowerOptimizer.compute_gradients needs the loss tensor in graph '
           'mode, got the callable {!r}; pass the tensor instead.'.format(loss))
-    if replication.tower.is_last_tower:
+    if replication.tower.tower_id == tower_collections.UPDATE_TOWER_ID:
       return self._compute_tower_gradients(replication, optimizer, loss,
                                            var_list, kwargs)
-    # Towers that do not apply keep their update ops out of the step: neither
-    # the scaled loss nor the gradients may depend on the
+    # The other towers keep their update ops out of the step: neither the
+    # scaled loss nor the gradients may depend on the
     # `control_dependencies(update_ops)` block models usually put around
     # `minimize` (see tower_collections.py).
     with tf1.control_dependencies(None):
@@ -154,11 +156,13 @@ class TowerOptimizer(tf1.train.Optimizer):
     each variable's gradient over the replicas (`merge_call` and
     `batch_reduce_to`) and updates every mirrored copy.
 
-    In every tower but the last this only records the gradients and returns
-    a `no_op` that depends on them. In the last tower it sums each variable's
-    gradients across towers on the variable's device and applies the sums
-    with the wrapped optimizer, under the first tower's scopes (so that slot
-    variables and ops get the names of the unreplicated model).
+    The applying tower sums each variable's gradients across towers on the
+    variable's device and applies the sums with the wrapped optimizer, under
+    the first tower's scopes (so that slot variables and ops get the names of
+    the unreplicated model); the other towers only record their gradients
+    and return a `no_op` that depends on them. When the towers are copies of
+    tower 0 (`TowerBuild.CLONE`), tower 0's call first copies its gradients
+    onto the other towers and applies; otherwise the last tower applies.
 
     Args:
       grads_and_vars: list of `(gradient, variable)` pairs.
@@ -184,19 +188,46 @@ class TowerOptimizer(tf1.train.Optimizer):
     grads_and_vars = list(grads_and_vars)
     call_index = replication.record_optimizer_call(optimizer.get_name(),
                                                    grads_and_vars)
-    if not replication.tower.is_last_tower:
+    if replication.cloner is not None:
+      tower_cloning.clone_optimizer_call(replication, call_index)
+    if replication.tower.tower_id != replication.applying_tower_id:
       gradients = [g for g, _ in grads_and_vars if g is not None]
       with tf1.control_dependencies(_tensors_of(gradients)):
         return tf.no_op(name='tower_gradients_recorded')
+    if replication.tower.tower_id == tower_collections.UPDATE_TOWER_ID:
+      return self._apply_sums(replication, optimizer, call_index, global_step,
+                              name)
+    # The last tower applies for every tower, but only tower 0's update ops
+    # may run: the user's `control_dependencies(update_ops)` around this call
+    # would bring the last tower's in (see tower_collections.py).
+    with tf1.control_dependencies(None):
+      return self._apply_sums(replication, optimizer, call_index, global_step,
+                              name)
+
+  def _apply_sums(self, replication, optimizer, call_index, global_step,
+                  name):
+    """Sums every tower's gradients of one call and applies them."""
     tower_grads = replication.gradients_of_call(call_index)
     var_scope, name_scope = replication.first_tower_scopes
-    with tf1.variable_scope(var_scope, auxiliary_name_scope=False):
-      with tf1.name_scope(name_scope):
-        with tf1.name_scope('gradient_aggregation'):
-          summed = gradient_aggregation.sum_gradients_by_variable(
-              tower_grads, raw_gradients=replication.raw_gradients)
-        return optimizer.apply_gradients(
-            summed, global_step=global_step, name=name)
+
+    def apply():
+      with tf1.variable_scope(var_scope, auxiliary_name_scope=False):
+        with tf1.name_scope(name_scope):
+          with tf1.name_scope('gradient_aggregation'):
+            summed = gradient_aggregation.sum_gradients_by_variable(
+                tower_grads, raw_gradients=replication.raw_gradients)
+          return optimizer.apply_gradients(
+              summed, global_step=global_step, name=name)
+
+    if replication.cloner is None:
+      return apply()
+    # Tower 0 applies for copied towers: what it builds here is the one
+    # update of the step, never to be copied (e.g. when a later optimizer
+    # call of tower 0 depends on this one).
+    train_op, created = gradient_gating.ops_created_by(replication.graph,
+                                                       apply)
+    replication.cloner.share(created)
+    return train_op
 
   # Everything below passes straight through to the wrapped optimizer.
 

@@ -16,21 +16,22 @@ def _summed_loss(tower_specs, device):
                                             device, name='loss')
 
 
-def train_spec(tower_specs, aggregation_device):
-  """The TRAIN spec: summed loss; the last tower's `train_op` and hooks.
+def train_spec(tower_specs, aggregation_device, applying_tower_id):
+  """The TRAIN spec: summed loss; the applying tower's `train_op` and hooks.
 
-  The last tower applies the gathered gradients, so its spec is the template:
-  hooks such as `SyncReplicasOptimizer`'s check that `apply_gradients` was
-  called on their optimizer, which only the last tower did.
+  The applying tower's spec is the template: its `train_op` applies the
+  gathered gradients, and hooks such as `SyncReplicasOptimizer`'s check that
+  `apply_gradients` was called on their optimizer, which only that tower did.
 
   Args:
     tower_specs: the towers' `EstimatorSpec`s, losses already scaled.
     aggregation_device: where the loss is summed.
+    applying_tower_id: the tower whose `apply_gradients` applied the sums.
 
   Returns:
     An `EstimatorSpec`.
   """
-  fields = tower_specs[-1]._asdict()
+  fields = tower_specs[applying_tower_id]._asdict()
   fields['loss'] = _summed_loss(tower_specs, aggregation_device)
   return EstimatorSpec(**fields)
 
@@ -187,10 +188,11 @@ def _check_same_keys(per_tower_keys, what):
           'on every call.'.format(what, per_tower_keys[0], tower_id, keys))
 
 
-def merge(mode, tower_specs, tower_metric_variables, aggregation_device):
+def merge(mode, tower_specs, tower_metric_variables, aggregation_device,
+          applying_tower_id):
   """Dispatches to the merge of `mode`."""
   if mode == ModeKeys.TRAIN:
-    return train_spec(tower_specs, aggregation_device)
+    return train_spec(tower_specs, aggregation_device, applying_tower_id)
   if mode == ModeKeys.EVAL:
     return eval_spec(tower_specs, tower_metric_variables, aggregation_device)
   return predict_spec(tower_specs, aggregation_device)

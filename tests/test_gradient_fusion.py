@@ -51,15 +51,16 @@ def _data(batch_size=8):
   return mt.data(batch_size=batch_size, num_features=16)
 
 
-def _build(graph, devices, params):
+def _build(graph, devices, params, tower_build=replicate.TowerBuild.CLONE):
   """Builds the replicated train_op in `graph`; returns the EstimatorSpec."""
   features, labels = _data()
   with graph.as_default():
     tf1.set_random_seed(0)
     tf1.train.get_or_create_global_step()
-    return replicate.replicate_model_fn(_wide_model_fn, devices=devices)(
-        {'x': tf.constant(features['x'])}, tf.constant(labels), mt.TRAIN,
-        params)
+    return replicate.replicate_model_fn(
+        _wide_model_fn, devices=devices, tower_build=tower_build)(
+            {'x': tf.constant(features['x'])}, tf.constant(labels), mt.TRAIN,
+            params)
 
 
 def _ancestors(ops):
@@ -132,30 +133,44 @@ class FusedTrainingTest(tf.test.TestCase, parameterized.TestCase):
     self.assertFalse([op.name for op in tower_products if op.name in needed])
     self.assertIn(_fused_ops(graph)[0].name, needed)
 
-  @parameterized.named_parameters(('fused', False), ('transposed', True))
+  @parameterized.named_parameters(
+      ('fused_cloned', False, replicate.TowerBuild.CLONE),
+      ('transposed_cloned', True, replicate.TowerBuild.CLONE),
+      ('fused_per_tower', False, replicate.TowerBuild.CALL_PER_TOWER),
+      ('transposed_per_tower', True, replicate.TowerBuild.CALL_PER_TOWER))
   def test_updates_wait_for_every_backward_read_of_their_variable(
-      self, transpose):
+      self, transpose, tower_build):
     # What GATE_OP guarantees: no update of W while a gradient op still
     # reads W (e.g. dX = dY . W^T). Every such reader, in every tower, must
-    # come before the op that applies W's gradient.
+    # come before the op that applies W's gradient. Copied towers read small
+    # variables from a pack (a copy, read_packing.py): there the pack must
+    # come before the update (test_tower_cloning.py has packed kernels).
     graph = tf.Graph()
-    _build(graph, mt.cpus(4), {'transpose': transpose})
+    _build(graph, mt.cpus(4), {'transpose': transpose}, tower_build)
+    cloned = tower_build == replicate.TowerBuild.CLONE
     checked = 0
+    packed = 0
     for var in graph.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES):
       reads = [t for op in graph.get_operations()
                if op.type in ('Identity', 'ReadVariableOp') and op.inputs and
                op.inputs[0].op is var.op for t in op.outputs]
       readers = [op for t in reads for op in t.consumers()
                  if 'gradients' in op.name]
+      packs = [op for t in reads for op in t.consumers()
+               if op.type == 'ConcatV2' and 'packed_reads' in op.name]
       apply_ops = [op for op in graph.get_operations()
                    if op.type.endswith('ApplyGradientDescent') and
                    op.inputs[0].op is var.op]
       self.assertLen(apply_ops, 1)
       needed = _ancestors(apply_ops)
+      self.assertFalse([op.name for op in packs if op.name not in needed],
+                       msg=var.op.name)
+      packed += len(packs)
       if var.op.name == 'in/kernel':
         # Its readers compute the gradient of the model's input, which nothing
-        # uses: no gate waits for them, so they are not run at all.
-        self.assertLen(readers, 4)
+        # uses: no gate waits for them, so they are not run at all (and
+        # copied towers do not even build them).
+        self.assertLen(readers, 1 if cloned else 4)
         self.assertFalse(set(op.name for op in readers) & needed)
         continue
       self.assertFalse([op.name for op in readers if op.name not in needed],
@@ -163,6 +178,10 @@ class FusedTrainingTest(tf.test.TestCase, parameterized.TestCase):
       checked += len(readers)
     # The middle and the logits kernels are read by each tower's dX.
     self.assertEqual(2 * 4, checked)
+    # Copied towers read the biases (three; two without the middle layer's
+    # in the transposed variant) from one pack; each kernel is alone in its
+    # group of trailing shape, so it is read directly.
+    self.assertEqual((2 if transpose else 3) if cloned else 0, packed)
 
   def test_gate_graph_is_passed_through_and_not_fused(self):
     features, labels = _data()

@@ -172,6 +172,13 @@ class ModelFnErrorsTest(tf.test.TestCase):
 
     with self.assertRaisesRegex(
         ValueError, r'made \[2, 1\] apply_gradients calls'):
+      _build(model_fn, mt.cpus(2),
+             tower_build=replicate.TowerBuild.CALL_PER_TOWER)
+    # Copying tower 0 cannot honour a question asked after its gradients
+    # were copied: a clear error instead of towers that silently agree.
+    with self.assertRaisesRegex(
+        errors.ContextError,
+        r'get_tower_context\(\) was called after tower 0 was copied'):
       _build(model_fn, mt.cpus(2))
 
   def test_different_optimizer_order(self):
@@ -201,7 +208,11 @@ class ModelFnErrorsTest(tf.test.TestCase):
 
     with self.assertRaisesRegex(
         ValueError, r"Tower 1 created trainable variables \['tower_1/unshared'\]"):
-      _build(model_fn, mt.cpus(2))
+      _build(model_fn, mt.cpus(2),
+             tower_build=replicate.TowerBuild.CALL_PER_TOWER)
+    with self.assertRaisesRegex(
+        ValueError, r"Tower 1 created trainable variables \['tower_1/unshared'\]"):
+      _build(model_fn, mt.cpus(2), mode=mt.EVAL)
 
   def test_different_metrics(self):
     def model_fn(features, labels, mode):

@@ -237,8 +237,9 @@ class PlacementTest(tf.test.TestCase, parameterized.TestCase):
             None, config)
       local_step, = [v for v in tf1.local_variables()
                      if 'sync_rep_local_step' in v.op.name]
-    # Each worker's local step stays on the worker (never shared on a ps).
-    self.assertEqual('/job:worker/task:1/device:CPU:1', local_step.device)
+    # Each worker's local step stays on the worker (never shared on a ps),
+    # on the applying tower's device (tower 0: towers are copied in TRAIN).
+    self.assertEqual('/job:worker/task:1/device:CPU:0', local_step.device)
     # The token queue sits next to the global step on ps 0, with no tower
     # device type or index merged in (a ps has only CPU:0).
     queue = tf1.DeviceSpec.from_string(

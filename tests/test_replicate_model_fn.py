@@ -1,4 +1,6 @@
 """replicate_model_fn: training equivalence, EVAL/PREDICT merging, placement."""
+import functools
+
 from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
@@ -333,8 +335,8 @@ class PlacementAndNamingTest(tf.test.TestCase):
                      graph.get_operation_by_name('hidden/MatMul').device)
 
 
-class UpdateOpsPolicyTest(tf.test.TestCase):
-  """Batch-norm moving statistics: the applying (last) tower's updates only."""
+class UpdateOpsPolicyTest(tf.test.TestCase, parameterized.TestCase):
+  """Batch-norm moving statistics: tower 0's updates only."""
 
   @staticmethod
   def _model_fn(features, labels, mode):
@@ -351,37 +353,49 @@ class UpdateOpsPolicyTest(tf.test.TestCase):
               loss, tf1.train.get_global_step())
     return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
-  def test_moving_statistics_deterministic_and_from_last_tower(self):
+  @staticmethod
+  def _train(steps, tower_build):
     x = np.arange(32, dtype=np.float32).reshape(8, 4)
     labels = np.ones((8, 1), np.float32)
-    first = mt.train_variables(self._model_fn, {'x': x}, labels, mt.cpus(4),
-                               steps=1)
-    second = mt.train_variables(self._model_fn, {'x': x}, labels, mt.cpus(4),
-                                steps=1)
+    replicate_fn = functools.partial(replicate.replicate_model_fn,
+                                     tower_build=tower_build)
+    return x, mt.train_variables(UpdateOpsPolicyTest._model_fn, {'x': x},
+                                 labels, mt.cpus(4), steps=steps,
+                                 replicate_fn=replicate_fn)
+
+  @parameterized.named_parameters(
+      ('cloned', replicate.TowerBuild.CLONE),
+      ('per_tower', replicate.TowerBuild.CALL_PER_TOWER))
+  def test_moving_statistics_deterministic_and_from_first_tower(
+      self, tower_build):
+    x, first = self._train(1, tower_build)
+    _, second = self._train(1, tower_build)
     for name in ('bn/moving_mean', 'bn/moving_variance'):
       self.assertAllEqual(first[name], second[name])  # bit-identical
-    # One step, momentum 0.5, moving_mean starts at 0: 0.5 * mean(last shard).
-    # The last tower's shard is rows 6, 7: x[6:8].mean(0) = [26, 27, 28, 29].
-    self.assertAllClose(0.5 * x[6:8].mean(axis=0), first['bn/moving_mean'])
+    # One step, momentum 0.5, moving_mean starts at 0: 0.5 * mean(shard 0).
+    # Tower 0's shard is rows 0, 1: x[0:2].mean(0) = [2, 3, 4, 5].
+    self.assertAllClose(0.5 * x[0:2].mean(axis=0), first['bn/moving_mean'])
     # Longer runs stay bit-identical too.
-    third = mt.train_variables(self._model_fn, {'x': x}, labels, mt.cpus(4),
-                               steps=4)
-    fourth = mt.train_variables(self._model_fn, {'x': x}, labels, mt.cpus(4),
-                                steps=4)
+    _, third = self._train(4, tower_build)
+    _, fourth = self._train(4, tower_build)
     for name in ('bn/moving_mean', 'bn/moving_variance'):
       self.assertAllEqual(third[name], fourth[name])
 
-  def test_collection_holds_applying_tower_updates_afterwards(self):
+  @parameterized.named_parameters(
+      ('cloned', replicate.TowerBuild.CLONE),
+      ('per_tower', replicate.TowerBuild.CALL_PER_TOWER))
+  def test_collection_holds_first_tower_updates_afterwards(self, tower_build):
     x = np.zeros((8, 4), np.float32)
     with tf.Graph().as_default() as graph:
       tf1.train.get_or_create_global_step()
-      replicate.replicate_model_fn(self._model_fn, devices=mt.cpus(4))(
-          {'x': tf.constant(x)}, tf.constant(np.ones((8, 1), np.float32)),
-          mt.TRAIN)
+      replicate.replicate_model_fn(
+          self._model_fn, devices=mt.cpus(4), tower_build=tower_build)(
+              {'x': tf.constant(x)}, tf.constant(np.ones((8, 1), np.float32)),
+              mt.TRAIN)
       updates = graph.get_collection(tf1.GraphKeys.UPDATE_OPS)
     self.assertLen(updates, 2)  # moving mean and variance of one tower
     for op in updates:
-      self.assertTrue(op.name.startswith('tower_3/'), op.name)
+      self.assertFalse(op.name.startswith('tower_'), op.name)
 
 
 if __name__ == '__main__':

@@ -1,0 +1,455 @@
+"""TowerBuild.CLONE: towers 1..N-1 as copies of tower 0 (tower_cloning.py)
+and their packed variable reads (read_packing.py)."""
+import functools
+from unittest import mock
+
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+
+import replicate
+from replicate import errors
+from replicate import tower_cloning
+from replicate._compat import IS_TF2
+from replicate._compat import tf1
+
+import model_testing as mt
+
+CLONE = replicate.TowerBuild.CLONE
+PER_TOWER = replicate.TowerBuild.CALL_PER_TOWER
+
+
+def _deep_model_fn(features, labels, mode, params):
+  """Four tanh layers of 8 units: kernels [8, 8] and biases [8] pack."""
+  params = params or {}
+  h = features['x']
+  for i in range(4):
+    h = tf1.layers.dense(
+        h, 8, activation=tf.nn.tanh,
+        kernel_initializer=tf1.glorot_uniform_initializer(seed=i),
+        name='layer_{}'.format(i))
+  if params.get('dropout'):
+    h = tf1.nn.dropout(h, rate=0.5)
+  logits = tf1.layers.dense(
+      h, 1, kernel_initializer=tf1.glorot_uniform_initializer(seed=9),
+      name='logits')
+  loss = tf1.losses.sigmoid_cross_entropy(
+      labels, logits,
+      reduction=params.get('reduction', tf1.losses.Reduction.MEAN))
+  optimizer = replicate.TowerOptimizer(
+      params.get('optimizer_fn',
+                 lambda: tf1.train.GradientDescentOptimizer(0.5)))
+  train_op = optimizer.minimize(
+      loss, tf1.train.get_global_step(),
+      colocate_gradients_with_ops=params.get('colocate', False))
+  return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op,
+                                     predictions=logits)
+
+
+def _data():
+  return mt.data(batch_size=8, num_features=8)
+
+
+def _counting(model_fn):
+  """`model_fn` and a list that gets one entry per call."""
+  calls = []
+
+  @functools.wraps(model_fn)
+  def counted(features, labels, mode, params):
+    calls.append(mode)
+    return model_fn(features, labels, mode, params)
+
+  return counted, calls
+
+
+def _build(model_fn, devices, params=None, mode=mt.TRAIN,
+           tower_build=CLONE, **kwargs):
+  """Builds the replicated model in a new graph: (graph, spec)."""
+  features, labels = _data()
+  graph = tf.Graph()
+  with graph.as_default():
+    tf1.set_random_seed(0)
+    tf1.train.get_or_create_global_step()
+    spec = replicate.replicate_model_fn(
+        model_fn, devices=devices, tower_build=tower_build, **kwargs)(
+            {'x': tf.constant(features['x'])}, tf.constant(labels), mode,
+            params)
+  return graph, spec
+
+
+def _train(model_fn, devices, tower_build, params=None, steps=3, **kwargs):
+  features, labels = _data()
+  return mt.train_variables(
+      model_fn, features, labels, devices, steps=steps, params=params,
+      replicate_fn=functools.partial(replicate.replicate_model_fn,
+                                     tower_build=tower_build), **kwargs)
+
+
+class CloneTrainingTest(tf.test.TestCase, parameterized.TestCase):
+  """Copied towers train exactly like towers built by model_fn, and like one
+  device."""
+
+  @parameterized.named_parameters(
+      ('sgd_mean_2', 'sgd', tf1.losses.Reduction.MEAN, 2, False),
+      ('sgd_mean_4', 'sgd', tf1.losses.Reduction.MEAN, 4, False),
+      ('adam_nonzero_4', 'adam', tf1.losses.Reduction.SUM_BY_NONZERO_WEIGHTS,
+       4, False),
+      ('sgd_sum_4', 'sgd', tf1.losses.Reduction.SUM, 4, False),
+      ('sgd_colocated_4', 'sgd', tf1.losses.Reduction.MEAN, 4, True),
+  )
+  def test_same_variables_as_per_tower_and_one_device(
+      self, optimizer, reduction, num_towers, colocate):
+    params = {
+        'optimizer_fn': {
+            'sgd': lambda: tf1.train.GradientDescentOptimizer(0.5),
+            'adam': lambda: tf1.train.AdamOptimizer(0.05),
+        }[optimizer],
+        'colocate': colocate,
+        # The model reduces its loss as replicate is told it does.
+        'reduction': reduction,
+    }
+    model_fn, calls = _counting(_deep_model_fn)
+    one = _train(model_fn, mt.cpus(1), CLONE, params,
+                 loss_reduction=reduction)
+    del calls[:]
+    cloned = _train(model_fn, mt.cpus(num_towers), CLONE, params,
+                    loss_reduction=reduction)
+    self.assertLen(calls, 1)  # model_fn built tower 0 only
+    per_tower = _train(model_fn, mt.cpus(num_towers), PER_TOWER, params,
+                       loss_reduction=reduction)
+    self.assertLen(calls, 1 + num_towers)
+    self.assertEqual(sorted(one), sorted(cloned))
+    for name in one:
+      # Copies compute what model_fn's own towers compute, op for op.
+      self.assertAllClose(per_tower[name], cloned[name], rtol=1e-6, atol=1e-7,
+                          msg=name)
+      self.assertAllClose(one[name], cloned[name], rtol=1e-5, atol=1e-6,
+                          msg=name)
+
+  def test_linear_model_by_hand(self):
+    # w starts at 1; tower loss = mean over its shard of (w * x)^2 / 2, MEAN
+    # over 2 towers; x = [1, 2, 3, 4]: gradient (1 + 4 + 9 + 16) / 4 = 7.5,
+    # one SGD step with lr 0.1: w = 1 - 0.75 = 0.25.
+    def model_fn(features, labels, mode):
+      del labels
+      w = tf1.get_variable('w', [], initializer=tf1.ones_initializer())
+      loss = tf.reduce_mean(tf.square(w * features['x'])) / 2
+      train_op = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1)).minimize(loss)
+      return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    values = mt.train_variables(
+        model_fn, {'x': np.array([1., 2., 3., 4.], np.float32)}, None,
+        mt.cpus(2), steps=1)
+    self.assertAllClose(0.25, values['w'])
+
+  def test_sparse_gradients(self):
+    # An embedding lookup gives IndexedSlices, which copies keep sparse.
+    def model_fn(features, labels, mode):
+      ids = tf.cast(tf.abs(features['x'][:, 0]) * 4, tf.int32)
+      table = tf1.get_variable(
+          'table', [8, 2], initializer=tf1.glorot_uniform_initializer(seed=1))
+      logits = tf.reduce_sum(tf.nn.embedding_lookup(table, ids), axis=1,
+                             keepdims=True)
+      loss = tf1.losses.sigmoid_cross_entropy(labels, logits)
+      optimizer = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(0.5))
+      grads_and_vars = optimizer.compute_gradients(loss)
+      self.assertIsInstance(grads_and_vars[0][0], tf.IndexedSlices)
+      train_op = optimizer.apply_gradients(grads_and_vars,
+                                           tf1.train.get_global_step())
+      return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    features, labels = _data()
+    one = mt.train_variables(model_fn, features, labels, mt.cpus(1))
+    cloned = mt.train_variables(model_fn, features, labels, mt.cpus(4))
+    self.assertAllClose(one['table'], cloned['table'], rtol=1e-5, atol=1e-6)
+
+  def test_variables_created_inside_model_fn_are_shared(self):
+    # tf.Variable (or a Keras layer object) inside model_fn creates new
+    # variables on every call; model_fn is called once, so the copies share
+    # them and training matches one device. (Per-tower calls reject this.)
+    def model_fn(features, labels, mode):
+      w = tf.Variable(tf1.glorot_uniform_initializer(seed=1)([8, 1]),
+                      name='w')
+      logits = tf.matmul(features['x'], w)
+      loss = tf1.losses.sigmoid_cross_entropy(labels, logits)
+      train_op = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(0.5)).minimize(loss)
+      return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    features, labels = _data()
+    one = mt.train_variables(model_fn, features, labels, mt.cpus(1))
+    cloned = mt.train_variables(model_fn, features, labels, mt.cpus(4))
+    self.assertAllClose(one['w'], cloned['w'], rtol=1e-5, atol=1e-6)
+
+  def test_second_optimizer_waiting_for_the_first_is_not_copied(self):
+    # g's update waits for d's train_op: the copies of g's gradients must
+    # not copy d's update (which would apply d's gradients once per tower).
+    def model_fn(features, labels, mode):
+      del labels
+      d = tf1.get_variable('d', [], initializer=tf1.ones_initializer())
+      g = tf1.get_variable('g', [], initializer=tf1.ones_initializer())
+      d_train = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1)).minimize(
+              tf.reduce_mean(d * d * features['x']), var_list=[d])
+      with tf1.control_dependencies([d_train]):
+        g_loss = tf.reduce_mean(g * features['x'])
+      g_train = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1)).minimize(
+              g_loss, var_list=[g])
+      return tf1.estimator.EstimatorSpec(
+          mode, loss=g_loss, train_op=tf.group(d_train, g_train))
+
+    values = mt.train_variables(
+        model_fn, {'x': np.array([1., 2., 3., 6.], np.float32)}, None,
+        mt.cpus(4), steps=1)
+    # mean(x) = 3: d = 1 - 0.1 * 2 * 1 * 3 = 0.4, g = 1 - 0.1 * 3 = 0.7.
+    self.assertAllClose(0.4, values['d'])
+    self.assertAllClose(0.7, values['g'])
+
+  def test_seeded_random_ops_differ_between_towers(self):
+    # With a graph seed, towers built by model_fn draw different dropout
+    # masks; so must copies (their seed2 is offset by the tower index).
+    graph, _ = _build(_deep_model_fn, mt.cpus(4), {'dropout': True})
+    masks = [op for op in graph.get_operations()
+             if op.type == 'RandomUniform' and 'dropout' in op.name]
+    self.assertLen(masks, 4)
+    self.assertLen(set(op.get_attr('seed2') for op in masks), 4)
+    with graph.as_default(), tf1.Session(
+        config=replicate.testing.virtual_cpu_config(4)) as sess:
+      values = sess.run([op.outputs[0] for op in masks])
+    for value in values[1:]:
+      self.assertNotAllClose(values[0], value)
+
+
+class CloneGraphTest(tf.test.TestCase):
+  """What the copies look like."""
+
+  def test_names_and_devices_as_per_tower(self):
+    cloned, _ = _build(_deep_model_fn, mt.cpus(4))
+    per_tower, _ = _build(_deep_model_fn, mt.cpus(4), tower_build=PER_TOWER)
+    ops = {op.name: op for op in cloned.get_operations()}
+    per_tower_ops = {op.name: op for op in per_tower.get_operations()}
+    for tower_id in range(1, 4):
+      prefix = 'tower_{}/'.format(tower_id)
+      for name in ('layer_0/MatMul', 'layer_3/Tanh', 'logits/BiasAdd'):
+        copy = ops[prefix + name]
+        built = per_tower_ops[prefix + name]
+        self.assertEqual(built.type, copy.type)
+        self.assertEqual('/device:CPU:{}'.format(tower_id), copy.device)
+        self.assertEqual(built.device, copy.device)
+      # Gradient ops are named after tower 0's (tf.gradients in tower i
+      # names them gradients/tower_<i>/...).
+      built = per_tower_ops[
+          prefix + 'gradients/' + prefix + 'layer_2/MatMul_grad/MatMul']
+      copy = ops[prefix + 'gradients/layer_2/MatMul_grad/MatMul']
+      self.assertEqual(built.type, copy.type)
+      self.assertEqual(built.device, copy.device)
+    # Shared, not copied: variables, their reads, the global step.
+    self.assertNotIn('tower_1/layer_0/kernel', ops)
+    self.assertNotIn('tower_1/layer_0/kernel/read', ops)
+    # The copies do not build what no gradient needs: the input gradient of
+    # the first layer exists in tower 0 only.
+    self.assertIn('gradients/layer_0/MatMul_grad/MatMul', ops)
+    self.assertNotIn('tower_1/gradients/layer_0/MatMul_grad/MatMul', ops)
+
+  def test_losses_collection_holds_every_tower(self):
+    graph, spec = _build(_deep_model_fn, mt.cpus(4))
+    losses = graph.get_collection(tf1.GraphKeys.LOSSES)
+    self.assertLen(losses, 4)
+    self.assertEqual(['', 'tower_1/', 'tower_2/', 'tower_3/'],
+                     [l.op.name[:len(l.op.name) - len(losses[0].op.name)]
+                      for l in losses])
+    # The spec's loss adds the four scaled tower losses.
+    self.assertEqual('AddN', spec.loss.op.type)
+    self.assertLen(spec.loss.op.inputs, 4)
+
+  def test_colocated_gradients_follow_their_copies(self):
+    graph, _ = _build(_deep_model_fn, mt.cpus(4), {'colocate': True})
+    op = graph.get_operation_by_name(
+        'tower_2/gradients/layer_1/MatMul_grad/MatMul')
+    self.assertEqual('/device:CPU:2', op.device)
+    self.assertEqual([b'loc:@tower_2/layer_1/MatMul'],
+                     op.get_attr('_class'))
+
+  def test_explicit_device_of_another_task_is_kept(self):
+    # An op pinned inside model_fn to another task stays there in copies.
+    def model_fn(features, labels, mode, params):
+      del params
+      with tf1.device('/job:localhost/replica:0/task:0/device:CPU:1'):
+        features = {'x': tf.identity(features['x'], name='pinned')}
+      return _deep_model_fn(features, labels, mode, None)
+
+    graph, _ = _build(model_fn, mt.cpus(4))
+    self.assertEqual(
+        '/job:localhost/replica:0/task:0/device:CPU:1',
+        graph.get_operation_by_name('tower_3/pinned').device)
+
+
+class ReadPackingTest(tf.test.TestCase):
+  """Copied towers on CPUs read small variables from packs."""
+
+  def test_reads_come_in_packs_made_before_the_updates(self):
+    graph, spec = _build(_deep_model_fn, mt.cpus(4))
+    packs = [op for op in graph.get_operations()
+             if op.type == 'ConcatV2' and 'packed_reads' in op.name]
+    # Groups by trailing shape: kernels [8, 8] x 3 ([8, 8] of layer 0 too)
+    # and biases [8] x 4 (+ the logits bias [1]); the logits kernel [8, 1]
+    # is alone in its group and read directly.
+    self.assertLen(packs, 2)
+    for pack in packs:
+      self.assertEqual('/device:CPU:0', pack.device)
+    self.assertEqual(
+        sorted([4, 5]), sorted(len(pack.inputs) - 1 for pack in packs))
+    unpacks = [op for op in graph.get_operations()
+               if op.type == 'SplitV' and 'unpacked_reads' in op.name]
+    self.assertEqual(['/device:CPU:{}'.format(i) for i in (1, 1, 2, 2, 3, 3)],
+                     sorted(op.device for op in unpacks))
+    # The copy of tower 2's first layer reads its kernel from a pack.
+    matmul = graph.get_operation_by_name('tower_2/layer_0/MatMul')
+    self.assertIn('unpacked_reads', matmul.inputs[1].op.name)
+    # Every update runs after the packs took their copies.
+    train_op = spec.train_op if isinstance(
+        spec.train_op, tf1.Operation) else spec.train_op.op
+    needed = set()
+    stack = [train_op]
+    while stack:
+      op = stack.pop()
+      if op.name not in needed:
+        needed.add(op.name)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    for pack in packs:
+      self.assertIn(pack.name, needed)
+
+  def test_no_packs_for_towers_built_by_model_fn(self):
+    graph, _ = _build(_deep_model_fn, mt.cpus(4), tower_build=PER_TOWER)
+    self.assertFalse([op for op in graph.get_operations()
+                      if 'packed_reads' in op.name])
+
+  def test_fewer_transfers_per_step(self):
+    def received(tower_build):
+      """(variable reads, packs) received per step by other devices."""
+      graph, spec = _build(_deep_model_fn, mt.cpus(4),
+                           tower_build=tower_build)
+      with graph.as_default(), tf1.Session(
+          config=replicate.testing.virtual_cpu_config(4)) as sess:
+        sess.run(tf1.global_variables_initializer())
+        metadata = tf1.RunMetadata()
+        sess.run(spec.train_op,
+                 options=tf1.RunOptions(output_partition_graphs=True),
+                 run_metadata=metadata)
+      names = [node.attr['tensor_name'].s.decode()
+               for partition in metadata.partition_graphs
+               for node in partition.node if node.op == '_Recv']
+      return (len([n for n in names if n.endswith(('/read', 'ReadVariableOp'))]),
+              len([n for n in names if 'packed_reads' in n]))
+
+    # Towers 1-3 built by model_fn receive each of the 10 variables of
+    # _deep_model_fn; copies receive 2 packs and the logits kernel.
+    self.assertEqual((3 * 10, 0), received(PER_TOWER))
+    self.assertEqual((3 * 1, 3 * 2), received(CLONE))
+
+
+class FallbackTest(tf.test.TestCase, parameterized.TestCase):
+  """Where copying cannot be shown right, model_fn builds every tower."""
+
+  def _reasons(self, model_fn, devices=None, **kwargs):
+    """(model_fn calls, reasons logged) of one TRAIN build."""
+    counted, calls = _counting(model_fn)
+    with mock.patch.object(tower_cloning, 'warn_not_cloned') as warn:
+      _build(counted, devices or mt.cpus(2), **kwargs)
+    return len(calls), [c[0][0] for c in warn.call_args_list]
+
+  def test_tower_context_before_the_optimizer(self):
+    def model_fn(features, labels, mode, params):
+      self.assertIsNotNone(replicate.get_tower_context())
+      return _deep_model_fn(features, labels, mode, params)
+
+    calls, reasons = self._reasons(model_fn)
+    self.assertEqual(2, calls)
+    self.assertEqual(['model_fn calls replicate.get_tower_context(), so its '
+                      'towers may differ'], reasons)
+
+  def test_sum_reduction_with_regularization(self):
+    def model_fn(features, labels, mode, params):
+      del params
+      logits = tf1.layers.dense(
+          features['x'], 1, kernel_regularizer=tf.keras.regularizers.l2(0.1))
+      loss = (tf1.losses.sigmoid_cross_entropy(
+          labels, logits, reduction=tf1.losses.Reduction.SUM) +
+              tf1.losses.get_regularization_loss())
+      train_op = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1)).minimize(loss)
+      return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    calls, reasons = self._reasons(
+        model_fn, loss_reduction=tf1.losses.Reduction.SUM)
+    self.assertEqual(2, calls)
+    self.assertLen(reasons, 1)
+    self.assertIn('loss_reduction is SUM', reasons[0])
+    calls, reasons = self._reasons(model_fn)  # MEAN: copied
+    self.assertEqual((1, []), (calls, reasons))
+
+  def test_tf1_control_flow(self):
+    def model_fn(features, labels, mode, params):
+      del params
+      logits = tf1.layers.dense(
+          features['x'], 1,
+          kernel_initializer=tf1.glorot_uniform_initializer(seed=1))
+      # The same branch for every shard, so that towers agree with one
+      # device.
+      logits = tf1.cond(tf1.train.get_global_step() < 100,
+                        lambda: logits, lambda: -logits)
+      loss = tf1.losses.sigmoid_cross_entropy(labels, logits)
+      train_op = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1)).minimize(loss)
+      return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    calls, reasons = self._reasons(model_fn)
+    if tf1.control_flow_v2_enabled():
+      # TF 2.x builds one If op with its branches as functions: copied.
+      self.assertEqual((1, []), (calls, reasons))
+    else:
+      self.assertEqual(2, calls)
+      self.assertLen(reasons, 1)
+      self.assertIn('TF1 control flow', reasons[0])
+    features, labels = _data()
+    one = mt.train_variables(model_fn, features, labels, mt.cpus(1))
+    two = mt.train_variables(model_fn, features, labels, mt.cpus(2))
+    for name in one:
+      self.assertAllClose(one[name], two[name], rtol=1e-5, atol=1e-6)
+
+  def test_device_scope_around_the_replicated_model_fn(self):
+    # An enclosing scope fills in the job of tower 0's ops; a copy would not
+    # get it, so model_fn builds every tower.
+    counted, calls = _counting(_deep_model_fn)
+    features, labels = _data()
+    with mock.patch.object(tower_cloning, 'warn_not_cloned') as warn:
+      with tf.Graph().as_default():
+        tf1.train.get_or_create_global_step()
+        with tf1.device('/job:localhost'):
+          replicate.replicate_model_fn(counted, devices=mt.cpus(2))(
+              {'x': tf.constant(features['x'])}, tf.constant(labels),
+              mt.TRAIN, None)
+    self.assertLen(calls, 2)
+    self.assertIn('a device scope around the replicated model_fn',
+                  warn.call_args[0][0])
+
+  @parameterized.named_parameters(('eval', mt.EVAL), ('predict', mt.PREDICT))
+  def test_eval_and_predict_call_model_fn_per_tower(self, mode):
+    counted, calls = _counting(_deep_model_fn)
+    _build(counted, mt.cpus(4), mode=mode)
+    self.assertLen(calls, 4)
+
+  def test_tower_build_must_be_an_enum_member(self):
+    with self.assertRaisesRegex(
+        errors.InvalidArgumentError,
+        r"tower_build must be a replicate.TowerBuild \(one of \['CLONE', "
+        r"'CALL_PER_TOWER'\]\), got 'clone'"):
+      replicate.replicate_model_fn(_deep_model_fn, tower_build='clone')
+
+
+if __name__ == '__main__':
+  tf.test.main()
