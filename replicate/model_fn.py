@@ -30,6 +30,7 @@ from replicate._compat import ModeKeys
 from replicate._compat import fn_args
 from replicate._compat import local_gpu_devices
 from replicate._compat import tf1
+from replicate._compat import variable_store_names
 from replicate.device_setter import VariablePlacement
 from replicate.tower_cloning import TowerBuild
 
@@ -274,6 +275,7 @@ def _replicate(model_fn, features, labels, mode, params, config, placement,
           spec = _call_model_fn(model_fn, feature_shards[tower_id],
                                 label_shards[tower_id], mode, params, config)
           _check_tower(spec, tower, replication, trainable_before)
+          unscaled_loss = spec.loss
           spec = spec._replace(loss=replication.scale_loss(spec.loss))
         replication.cloner = None
         specs.append(spec)
@@ -282,7 +284,8 @@ def _replicate(model_fn, features, labels, mode, params, config, placement,
             if id(v) not in metrics_before
         ])
       if replication.towers_cloned:
-        specs.extend(_copied_specs(cloner, specs[0], collections, num_towers))
+        specs.extend(_copied_specs(cloner, replication, specs[0],
+                                   unscaled_loss, collections, devices))
         metric_variables.extend([] for _ in range(1, num_towers))
       replication.check_same_optimizer_calls()
     finally:
@@ -292,20 +295,23 @@ def _replicate(model_fn, features, labels, mode, params, config, placement,
                              replication.applying_tower_id)
 
 
-def _copied_specs(cloner, first_spec, collections, num_towers):
+def _copied_specs(cloner, replication, first_spec, unscaled_loss,
+                  collections, devices):
   """The specs of towers 1..N-1 when they are copies of tower 0.
 
-  Their losses are copies of tower 0's (copied now if the gradients did not
-  need them); everything else is tower 0's spec.
+  Each is tower 0's spec with the tower's own scaled loss: the copy of tower
+  0's loss (already copied, as a rule, since the gradients needed it).
   """
   losses = collections.added(0, tf1.GraphKeys.LOSSES)
-  cloner.clone([first_spec.loss] + losses)
+  cloner.clone([unscaled_loss] + losses)
   specs = []
-  for tower_id in range(1, num_towers):
+  for tower_id in range(1, len(devices)):
     collections.record_copied_losses(
         tower_id, [cloner.get(tower_id, loss) for loss in losses])
-    specs.append(first_spec._replace(
-        loss=cloner.get(tower_id, first_spec.loss)))
+    with tf1.device(devices[tower_id]), tf1.name_scope(
+        cloner.name_scope(tower_id)):
+      loss = replication.scale_loss(cloner.get(tower_id, unscaled_loss))
+    specs.append(first_spec._replace(loss=loss))
   return specs
 
 
@@ -371,11 +377,10 @@ def _check_tower(spec, tower, replication, trainable_before):
         '{} of {}. Wrap optimizers with replicate.TowerOptimizer to use '
         'replicate_model_fn with several devices.'.format(
             tower.tower_id, tower.num_towers))
+  created = [v for v in tf1.trainable_variables()
+             if id(v) not in trainable_before]
   if tower.tower_id:
-    unshared = [
-        v.op.name for v in tf1.trainable_variables()
-        if id(v) not in trainable_before
-    ]
+    unshared = [v.op.name for v in created]
     if unshared:
       raise errors.InvalidArgumentError(
           'Tower {} created trainable variables {} instead of reusing tower '
@@ -383,3 +388,17 @@ def _check_tower(spec, tower, replication, trainable_before):
           'with tf.compat.v1.get_variable or tf.compat.v1.layers (Keras layer '
           'objects created inside model_fn are not shared).'.format(
               tower.tower_id, unshared))
+  elif replication.towers_cloned:
+    # The copies share whatever tower 0 created, but a model_fn call per
+    # tower (EVAL, PREDICT, CALL_PER_TOWER) would not: reject such variables
+    # in every mode alike.
+    stored = variable_store_names()
+    unshareable = [v.op.name for v in created if v.op.name not in stored]
+    if unshareable:
+      raise errors.InvalidArgumentError(
+          'model_fn created trainable variables {} without '
+          'tf.compat.v1.get_variable, so towers built by calling model_fn '
+          'again (EVAL, PREDICT) would train or read different weights. '
+          'Create variables with tf.compat.v1.get_variable or '
+          'tf.compat.v1.layers (Keras layer objects created inside model_fn '
+          'are not shared).'.format(unshareable))

@@ -68,6 +68,8 @@ _V1_CONTROL_FLOW_OP_TYPES = frozenset([
     'RefEnter', 'RefExit', 'RefSwitch', 'RefMerge', 'RefNextIteration',
 ])
 _VARIABLE_OP_TYPES = frozenset(['VariableV2', 'Variable', 'VarHandleOp'])
+# A reference variable's snapshot, a resource variable's read.
+_READ_OP_TYPES = frozenset(['Identity', 'ReadVariableOp'])
 _SEED2_STRIDE = 1000003  # a prime: seed2 + i * stride differs per tower
 
 
@@ -106,6 +108,10 @@ class TowerCloner(object):
     self._device_cache = {}
     self._control_proxies = {}
     self._shared = set()
+    # Per tower, packed copies of variable reads (read_packing.py), by the
+    # read's tensor name; and the reads already offered for packing.
+    self._read_copies = [None] + [{} for _ in self._devices[1:]]
+    self._reads_offered = set()
 
   def reason_not_to_clone(self, tower_context_requested, sum_reduction):
     """Why tower 0 must not be copied, or None when it may be.
@@ -132,9 +138,9 @@ class TowerCloner(object):
               'losses, which only tower 0 may count')
     for op in window:
       requested = self.requested_devices.get(op.name)
-      if (requested is not None and not _colocation_targets(op) and
-          op.type not in device_setter.STATEFUL_OP_TYPES and
-          op.device != self._placed(requested, 0)):
+      if (requested is not None and op.device != self._placed(requested, 0)
+          and op.type not in device_setter.STATEFUL_OP_TYPES and
+          not _colocation_targets(op.node_def)):
         return ('a device scope around the replicated model_fn moved {} to '
                 '{!r}'.format(op.name, op.device))
     return None
@@ -153,6 +159,38 @@ class TowerCloner(object):
     Args:
       targets: tower-0 `Tensor`s and `Operation`s.
     """
+    window, todo, shared = self._cone(targets)
+    ops = [op for op in window if op.name in todo]  # creation order
+    if not ops:
+      return
+    if self._prefixes is None:
+      self._prefixes = [None] + [
+          self._graph.unique_name('tower_{}'.format(tower_id)) + '/'
+          for tower_id in range(1, len(self._devices))
+      ]
+    with self._graph.as_default(), tf1.device(None), tf1.name_scope(None), (
+        tf1.control_dependencies(None)), tf1.colocate_with(
+            None, ignore_existing=True):
+      self._import(ops, todo, shared)
+
+  def reads_needed_by(self, targets):
+    """The plain variable reads that copies of `targets` would read."""
+    window, todo, shared = self._cone(targets)
+    reads = {}
+    for op in window:
+      if op.name in todo:
+        for tensor in op.inputs:
+          if tensor.op.name in shared and _is_plain_read(tensor.op):
+            reads[tensor.name] = tensor
+    return list(reads.values())
+
+  def _cone(self, targets):
+    """`(window, names to copy, shared names)` for copying `targets`.
+
+    The names to copy are the ops of tower 0 (the window) that `targets`
+    depend on through data or control inputs, stopping at shared ops and at
+    ops copied before.
+    """
     window = self._window()
     in_window = set(op.name for op in window)
     shared = self._shared_op_names(window)
@@ -167,18 +205,7 @@ class TowerCloner(object):
       todo.add(name)
       stack.extend(t.op for t in op.inputs)
       stack.extend(op.control_inputs)
-    ops = [op for op in window if op.name in todo]  # creation order
-    if not ops:
-      return
-    if self._prefixes is None:
-      self._prefixes = [None] + [
-          self._graph.unique_name('tower_{}'.format(tower_id)) + '/'
-          for tower_id in range(1, len(self._devices))
-      ]
-    with self._graph.as_default(), tf1.device(None), tf1.name_scope(None), (
-        tf1.control_dependencies(None)), tf1.colocate_with(
-            None, ignore_existing=True):
-      self._import(ops, todo, shared)
+    return window, todo, shared
 
   def _import(self, ops, todo, shared):
     """Copies `ops` (names `todo`) onto every other tower: one import.
@@ -199,10 +226,9 @@ class TowerCloner(object):
       for control in op.control_inputs:
         if control.name not in todo:
           external['^' + control.name] = control
-    read_copies = read_packing.tower_copies(
-        [(t, _read_device(t.op)) for t in external.values()
-         if isinstance(t, tf.Tensor) and t.op.name in shared and
-         _is_plain_read(t.op)], self._devices)
+    self.copy_reads([t for t in external.values()
+                     if isinstance(t, tf.Tensor) and t.op.name in shared and
+                     _is_plain_read(t.op)])
     node_defs = [op.node_def for op in ops]
     devices = {}
     input_map = {}
@@ -210,6 +236,7 @@ class TowerCloner(object):
     for tower_id in range(1, len(self._devices)):
       prefix = self._prefixes[tower_id]
       copies = self._copies[tower_id]
+      read_copies = self._read_copies[tower_id]
       for op, node_def in zip(ops, node_defs):
         node = graph_def.node.add()
         node.CopyFrom(node_def)
@@ -221,7 +248,7 @@ class TowerCloner(object):
         # The device is set by the device function below: a device in the
         # NodeDef would make the import enter a device scope for every op.
         node.ClearField('device')
-        devices[node.name] = self._copy_device(op, tower_id, devices)
+        devices[node.name] = self._copy_device(op, node_def, tower_id, devices)
         _offset_seed(node, tower_id)
         _rename_colocation(node, prefix, todo)
         returned.append(node.name)
@@ -230,7 +257,7 @@ class TowerCloner(object):
           input_map['^' + prefix + name[1:]] = self._control_tensor(
               copies.get(value.name, value))
         else:
-          input_map[prefix + name] = read_copies[tower_id].get(
+          input_map[prefix + name] = read_copies.get(
               value.name, copies.get(value.name, value))
     with tf1.device(lambda op: devices.get(op.name, op.device)):
       imported = tf1.import_graph_def(
@@ -244,6 +271,45 @@ class TowerCloner(object):
         copies[op.name] = new_op
         for old, new in zip(op.outputs, new_op.outputs):
           copies[old.name] = new
+
+  def copy_reads(self, reads):
+    """Packs variable reads for the copied towers (read_packing.py).
+
+    Reads offered before are skipped; a read that is not packed stays as it
+    is (the towers receive it directly).
+
+    Args:
+      reads: tensors, each the output of a plain read of a variable: an
+        identity of a reference variable or a read of a resource variable,
+        without control inputs.
+    """
+    reads = [t for t in reads if t.name not in self._reads_offered]
+    if not reads:
+      return
+    self._reads_offered.update(t.name for t in reads)
+    with self._graph.as_default(), tf1.device(None), tf1.name_scope(None), (
+        tf1.control_dependencies(None)), tf1.colocate_with(
+            None, ignore_existing=True):
+      copies = read_packing.tower_copies(
+          [(t, _read_device(t.op)) for t in reads], self._devices)
+    for tower_id in range(1, len(self._devices)):
+      self._read_copies[tower_id].update(copies[tower_id])
+
+  def reads_copied(self, reads):
+    """Whether every copied tower reads each of `reads` from a pack.
+
+    Args:
+      reads: tensors; None stands for a read that cannot be copied.
+
+    Returns:
+      A bool.
+    """
+    return all(read is not None and read.name in self._read_copies[tower_id]
+               for read in reads for tower_id in range(1, len(self._devices)))
+
+  def name_scope(self, tower_id):
+    """The name scope (ending in '/') of tower `tower_id`'s copies."""
+    return self._prefixes[tower_id]
 
   def _control_tensor(self, op):
     """A tensor whose op stands for `op` as a control input of a copy.
@@ -293,15 +359,18 @@ class TowerCloner(object):
     shared.update(_op_of(item).name for item in self._window_items(
         tf1.GraphKeys.UPDATE_OPS, window))
     for op in window:
-      if op.type in device_setter.STATEFUL_OP_TYPES or _is_plain_read(op):
+      op_type = op.type
+      if op_type in device_setter.STATEFUL_OP_TYPES or (
+          op_type in _READ_OP_TYPES and _is_plain_read(op)):
         shared.add(op.name)
     return shared
 
-  def _copy_device(self, op, tower_id, devices):
+  def _copy_device(self, op, node_def, tower_id, devices):
     """Where tower `tower_id` gets its copy of `op`.
 
     Args:
       op: a tower-0 op.
+      node_def: its `NodeDef`.
       tower_id: the tower.
       devices: the devices of the copies placed so far in this round, by
         name.
@@ -309,14 +378,15 @@ class TowerCloner(object):
     Returns:
       A device string.
     """
-    for target in _colocation_targets(op):
+    colocated = _colocation_targets(node_def)
+    for target in colocated:
       name = self._prefixes[tower_id] + target
       if name in devices:
         return devices[name]
       if target in self._copies[tower_id]:
         return self._copies[tower_id][target].device
     requested = self.requested_devices.get(op.name)
-    if requested is None or _colocation_targets(op):
+    if requested is None or colocated:
       # Not placed by the tower's device function, or colocated with a
       # shared op: the same device in every tower.
       return op.device
@@ -351,12 +421,13 @@ def _op_of(item):
 
 def _is_plain_read(op):
   """A read of a variable with no control dependency: the same in every tower."""
-  if op.control_inputs or len(op.inputs) != 1:
+  op_type = op.type
+  if op_type not in _READ_OP_TYPES or op.control_inputs or len(op.inputs) != 1:
     return False
-  source = op.inputs[0].op
-  if op.type == 'Identity':
-    return source.type in _VARIABLE_OP_TYPES and op.inputs[0].dtype._is_ref_dtype  # pylint: disable=protected-access
-  return op.type == 'ReadVariableOp' and source.type == 'VarHandleOp'
+  source = op.inputs[0]
+  if op_type == 'Identity':
+    return source.op.type in _VARIABLE_OP_TYPES and source.dtype._is_ref_dtype  # pylint: disable=protected-access
+  return source.op.type == 'VarHandleOp'
 
 
 def _read_device(read_op):
@@ -368,14 +439,13 @@ def _read_device(read_op):
   return read_op.device or read_op.inputs[0].op.device
 
 
-def _colocation_targets(op):
-  """Names of the ops `op` is colocated with (its `_class` attribute)."""
-  try:
-    groups = op.get_attr('_class')
-  except ValueError:
+def _colocation_targets(node_def):
+  """Names of the ops a `NodeDef` is colocated with (its `_class` attr)."""
+  if '_class' not in node_def.attr:
     return []
   prefix = b'loc:@'
-  return [g[len(prefix):].decode() for g in groups if g.startswith(prefix)]
+  return [g[len(prefix):].decode() for g in node_def.attr['_class'].list.s
+          if g.startswith(prefix)]
 
 
 def _input_name(tensor):
@@ -445,32 +515,97 @@ def clone_optimizer_call(replication, call_index):
       replication.cloner = None
       return
   optimizer_name, grads_and_vars = replication.optimizer_call(0, call_index)
-  raws = []
+  # Pack every read the copies will make at once (forward and gates), so
+  # that each group of variables comes in one pack.
+  cloner.copy_reads(cloner.reads_needed_by(
+      [t for grad, _ in grads_and_vars if grad is not None
+       for t in _gradient_targets(grad, replication.raw_gradients, True)]))
+  # For each gradient: (tower-0 gradient, tensor its copies are made from,
+  # tower-0 RawGradient or None, whether the copies keep the gates).
+  plans = []
   targets = []
-  for grad, _ in grads_and_vars:
+  for grad, var in grads_and_vars:
     if grad is None:
+      plans.append(None)
       continue
-    values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
-    targets.append(values)
-    if isinstance(grad, tf.IndexedSlices):
-      targets.append(grad.indices)
-      if grad.dense_shape is not None:
-        targets.append(grad.dense_shape)
+    sparse = isinstance(grad, tf.IndexedSlices)
+    values = grad.values if sparse else grad
     raw = replication.raw_gradients.get(values.name)
-    if raw is not None:
-      raws.append((values, raw))
-      targets.append(raw.tensor)
-      targets.extend(raw.gates)
+    # A copy that reads `var` only from packs reads a copy of it, not the
+    # variable: its gradient needs no gate (gradient_gating.py).
+    gated = bool(raw is not None and raw.gates and not cloner.reads_copied(
+        _reads_of(var, raw.gates) or [None]))
+    plans.append((grad, values if raw is None or gated else raw.tensor, raw,
+                  gated))
+    targets.extend(_gradient_targets(grad, replication.raw_gradients, gated))
   cloner.clone(targets)
   replication.towers_cloned = True
   for tower_id in range(1, replication.num_towers):
-    replication.record_optimizer_call(
-        optimizer_name,
-        [(cloner.get(tower_id, g), v) for g, v in grads_and_vars],
-        tower_id=tower_id)
-    replication.record_raw_gradients({
-        cloner.get(tower_id, values).name: gradient_gating.RawGradient(
+    copied = []
+    raws = {}
+    for plan, (_, var) in zip(plans, grads_and_vars):
+      if plan is None:
+        copied.append((None, var))
+        continue
+      grad, source, raw, gated = plan
+      values = cloner.get(tower_id, source)
+      if isinstance(grad, tf.IndexedSlices):
+        copied.append((tf.IndexedSlices(
+            values, cloner.get(tower_id, grad.indices),
+            cloner.get(tower_id, grad.dense_shape)), var))
+      else:
+        copied.append((values, var))
+      if raw is not None:
+        raws[values.name] = gradient_gating.RawGradient(
             cloner.get(tower_id, raw.tensor),
-            tuple(cloner.get(tower_id, gate) for gate in raw.gates))
-        for values, raw in raws
-    })
+            tuple(cloner.get(tower_id, gate) for gate in raw.gates)
+            if gated else ())
+    replication.record_optimizer_call(optimizer_name, copied,
+                                      tower_id=tower_id)
+    replication.record_raw_gradients(raws)
+
+
+def _gradient_targets(grad, raw_gradients, gated):
+  """What a copy of tower 0's gradient `grad` is made from.
+
+  Args:
+    grad: a `Tensor` or `IndexedSlices` returned by a `TowerOptimizer`.
+    raw_gradients: the `RawGradient`s recorded for the towers.
+    gated: whether the copies keep the gate (else they are made from the raw
+      gradient).
+
+  Returns:
+    A list of tensors and ops.
+  """
+  sparse = isinstance(grad, tf.IndexedSlices)
+  values = grad.values if sparse else grad
+  raw = raw_gradients.get(values.name)
+  targets = [values if raw is None or gated else raw.tensor]
+  if sparse:
+    targets.append(grad.indices)
+    if grad.dense_shape is not None:
+      targets.append(grad.dense_shape)
+  if raw is not None:
+    targets.append(raw.tensor)
+    if gated:
+      targets.extend(raw.gates)
+  return targets
+
+
+def _reads_of(variable, ops):
+  """The read tensors through which `ops` read `variable`.
+
+  Returns:
+    A list, or None when some op reads the variable itself (its reference),
+    not through a read.
+  """
+  variable_op = variable.op.name
+  reads = []
+  for op in ops:
+    for tensor in op.inputs:
+      if tensor.op.name == variable_op:
+        return None
+      if (tensor.op.type in _READ_OP_TYPES and tensor.op.inputs and
+          tensor.op.inputs[0].op.name == variable_op):
+        reads.append(tensor)
+  return reads

@@ -165,11 +165,13 @@ class CloneTrainingTest(tf.test.TestCase, parameterized.TestCase):
     cloned = mt.train_variables(model_fn, features, labels, mt.cpus(4))
     self.assertAllClose(one['table'], cloned['table'], rtol=1e-5, atol=1e-6)
 
-  def test_variables_created_inside_model_fn_are_shared(self):
+  def test_variables_created_outside_get_variable_are_rejected(self):
     # tf.Variable (or a Keras layer object) inside model_fn creates new
-    # variables on every call; model_fn is called once, so the copies share
-    # them and training matches one device. (Per-tower calls reject this.)
-    def model_fn(features, labels, mode):
+    # variables on every call. The copies would share tower 0's, but towers
+    # built by calling model_fn (EVAL, PREDICT) would not: an error in every
+    # mode alike (test_misuse_errors has the per-tower ones).
+    def model_fn(features, labels, mode, params):
+      del params
       w = tf.Variable(tf1.glorot_uniform_initializer(seed=1)([8, 1]),
                       name='w')
       logits = tf.matmul(features['x'], w)
@@ -178,10 +180,11 @@ class CloneTrainingTest(tf.test.TestCase, parameterized.TestCase):
           tf1.train.GradientDescentOptimizer(0.5)).minimize(loss)
       return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
-    features, labels = _data()
-    one = mt.train_variables(model_fn, features, labels, mt.cpus(1))
-    cloned = mt.train_variables(model_fn, features, labels, mt.cpus(4))
-    self.assertAllClose(one['w'], cloned['w'], rtol=1e-5, atol=1e-6)
+    with self.assertRaisesRegex(
+        errors.InvalidArgumentError,
+        r"model_fn created trainable variables \['w'\] without "
+        r'tf.compat.v1.get_variable'):
+      _build(model_fn, mt.cpus(4))
 
   def test_second_optimizer_waiting_for_the_first_is_not_copied(self):
     # g's update waits for d's train_op: the copies of g's gradients must
