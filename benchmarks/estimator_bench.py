@@ -9,6 +9,9 @@ virtual CPU devices (global batch 256, TF 1.15):
   replicate@pack=0   replicate with gradient packing off (A/B of the packing)
   replicate@fuse=off replicate summing MatMul gradients per tower (A/B of the
                      fused weight gradients)
+  replicate@build=per_tower
+                     replicate calling model_fn once per tower
+                     (TowerBuild.CALL_PER_TOWER; A/B of the tower copies)
   tf_mirrored        tf.distribute.MirroredStrategy via RunConfig(train_distribute)
   replicate_mirrored replicate.MirroredStrategy + TowerOptimizer, trained in a
                      MonitoredSession loop (TF 1.15's Estimator only accepts a
@@ -52,8 +55,8 @@ import time
 import bench_util
 
 GLOBAL_BATCH = 256
-CONFIGS = ('single', 'replicate', 'contrib', 'replicate@pack=0',
-           'replicate@fuse=off',
+CONFIGS = ('single', 'replicate', 'contrib', 'replicate@build=per_tower',
+           'replicate@pack=0', 'replicate@fuse=off',
            'tf_mirrored', 'replicate_mirrored', 'tf_mirrored_loop')
 MODELS = ('wide', 'deep')
 CONFIG_LABELS = {
@@ -63,6 +66,8 @@ CONFIG_LABELS = {
     'tf_mirrored': 'tf.distribute.MirroredStrategy',
     'replicate_mirrored': 'replicate.MirroredStrategy (session loop)',
     'tf_mirrored_loop': 'tf.distribute.MirroredStrategy (session loop)',
+    'replicate@build=per_tower': 'replicate.replicate_model_fn, model_fn '
+                                 'per tower (A/B)',
     'replicate@pack=0': 'replicate.replicate_model_fn, packing off (A/B)',
     'replicate@fuse=off': 'replicate.replicate_model_fn, MatMul fusion off '
                           '(A/B)',
@@ -249,7 +254,14 @@ def _wrapper_and_fn(tf, config, model, timings):
     model_fn, timed = _make_model_fn(tf, model, identity, timings)
     return timed(model_fn), tf.distribute.MirroredStrategy(devices=devices)
   import replicate  # pylint: disable=g-import-not-at-top
-  if config.startswith('replicate@'):
+  kwargs = {}
+  if config == 'replicate@build=per_tower':
+    # Experiment: every tower built by its own model_fn call.
+    if not hasattr(replicate, 'TowerBuild'):
+      raise NotApplicable('replicate.TowerBuild is not in this tree')
+    kwargs['tower_build'] = replicate.TowerBuild.CALL_PER_TOWER
+    config = 'replicate'
+  elif config.startswith('replicate@'):
     # Experiment: replicate with a variant of its gradient aggregation.
     _apply_aggregation_variant(config.split('@', 1)[1])
     config = 'replicate'
@@ -258,8 +270,8 @@ def _wrapper_and_fn(tf, config, model, timings):
       raise NotApplicable('replicate.replicate_model_fn is not in this tree')
     model_fn, timed = _make_model_fn(tf, model, replicate.TowerOptimizer,
                                      timings)
-    return timed(replicate.replicate_model_fn(model_fn,
-                                              devices=devices)), None
+    return timed(replicate.replicate_model_fn(model_fn, devices=devices,
+                                              **kwargs)), None
   raise ValueError('unknown config {!r}'.format(config))
 
 

@@ -24,6 +24,7 @@ from replicate import matmul_gradient
 from replicate import tower_cloning
 from replicate import tower_collections
 from replicate import tower_context
+from replicate import tower_copier
 from replicate import tower_specs
 from replicate._compat import EstimatorSpec
 from replicate._compat import ModeKeys
@@ -103,10 +104,15 @@ def replicate_model_fn(model_fn,
       of strings.
     InvalidArgumentError: if `loss_reduction` is `NONE` or unknown, `devices`
       is empty or repeats a device, `variable_placement` or `tower_build` is
-      unknown, or `ps_strategy` comes with `ROUND_ROBIN`. When the model is built:
-      `PARAMETER_SERVERS` or `ps_strategy` without a `ps` job in the cluster,
-      `ROUND_ROBIN` with one, or devices naming a job or task the cluster
-      does not have (see `replicate.cluster.placement`).
+      unknown, or `ps_strategy` comes with `ROUND_ROBIN`. When the model is
+      built: `PARAMETER_SERVERS` or `ps_strategy` without a `ps` job in the
+      cluster, `ROUND_ROBIN` with one, devices naming a job or task the
+      cluster does not have (see `replicate.cluster.placement`), a device the
+      session lacks; and a `model_fn` whose towers would differ: trainable
+      variables not shared through `tf.compat.v1.get_variable`, a `train_op`
+      without `TowerOptimizer`, different optimizer calls or metrics.
+    ContextError: when the model is built, if `model_fn` calls
+      `get_tower_context()` after its towers were copied (see `tower_build`).
   """
   if not callable(model_fn):
     raise errors.InvalidTypeError(
@@ -248,7 +254,7 @@ def _replicate(model_fn, features, labels, mode, params, config, placement,
         share_regularization=loss_reduction != tf1.losses.Reduction.SUM)
     cloner = None
     if mode == ModeKeys.TRAIN and tower_build == TowerBuild.CLONE:
-      cloner = tower_cloning.TowerCloner(
+      cloner = tower_copier.TowerCloner(
           graph, devices, len(graph.get_operations()), [
               tf.nest.flatten((f, l), expand_composites=True)
               for f, l in zip(feature_shards, label_shards)

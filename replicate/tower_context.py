@@ -87,7 +87,7 @@ class Replication(object):
     loss_reduction: a `tf.compat.v1.losses.Reduction`.
     tower: the `TowerContext` being built, or `None` between towers.
     first_tower_scopes: `(variable_scope, name_scope_string)` of tower 0.
-    cloner: a `tower_cloning.TowerCloner` while tower 0 is being built and
+    cloner: a `tower_copier.TowerCloner` while tower 0 is being built and
       may be copied onto the other towers, else `None`.
     towers_cloned: whether towers 1..N-1 are copies of tower 0 (then tower 0
       applies the gradients; else the last tower does).

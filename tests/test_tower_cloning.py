@@ -126,23 +126,6 @@ class CloneTrainingTest(tf.test.TestCase, parameterized.TestCase):
       self.assertAllClose(one[name], cloned[name], rtol=1e-5, atol=1e-6,
                           msg=name)
 
-  def test_linear_model_by_hand(self):
-    # w starts at 1; tower loss = mean over its shard of (w * x)^2 / 2, MEAN
-    # over 2 towers; x = [1, 2, 3, 4]: gradient (1 + 4 + 9 + 16) / 4 = 7.5,
-    # one SGD step with lr 0.1: w = 1 - 0.75 = 0.25.
-    def model_fn(features, labels, mode):
-      del labels
-      w = tf1.get_variable('w', [], initializer=tf1.ones_initializer())
-      loss = tf.reduce_mean(tf.square(w * features['x'])) / 2
-      train_op = replicate.TowerOptimizer(
-          tf1.train.GradientDescentOptimizer(0.1)).minimize(loss)
-      return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
-
-    values = mt.train_variables(
-        model_fn, {'x': np.array([1., 2., 3., 4.], np.float32)}, None,
-        mt.cpus(2), steps=1)
-    self.assertAllClose(0.25, values['w'])
-
   def test_sparse_gradients(self):
     # An embedding lookup gives IndexedSlices, which copies keep sparse.
     def model_fn(features, labels, mode):
@@ -346,8 +329,8 @@ class ReadPackingTest(tf.test.TestCase):
       names = [node.attr['tensor_name'].s.decode()
                for partition in metadata.partition_graphs
                for node in partition.node if node.op == '_Recv']
-      return (len([n for n in names if n.endswith(('/read', 'ReadVariableOp'))]),
-              len([n for n in names if 'packed_reads' in n]))
+      reads = [n for n in names if n.endswith(('/read', 'ReadVariableOp'))]
+      return len(reads), len([n for n in names if 'packed_reads' in n])
 
     # Towers 1-3 built by model_fn receive each of the 10 variables of
     # _deep_model_fn; copies receive 2 packs and the logits kernel.

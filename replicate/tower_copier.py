@@ -1,0 +1,436 @@
+"""The mechanics of copying tower 0's ops onto the other towers.
+
+`TowerCloner` copies, in rounds, the ops tower 0 built that some tensors
+depend on, onto every other tower's device, with one `tf.import_graph_def`
+per round: each copy keeps its original's op type and attributes, is named
+`tower_<i>/<original name>`, and is placed where the tower's device function
+would have put it. What to copy and when is decided in tower_cloning.py.
+"""
+import tensorflow as tf
+
+from replicate import device_setter
+from replicate import device_util
+from replicate import read_packing
+from replicate._compat import tf1
+
+# TF1 control flow: the Python control-flow contexts of these ops cannot be
+# imported, so a tower that holds them is built by calling model_fn.
+_V1_CONTROL_FLOW_OP_TYPES = frozenset([
+    'Enter', 'Exit', 'Switch', 'Merge', 'NextIteration', 'LoopCond',
+    'RefEnter', 'RefExit', 'RefSwitch', 'RefMerge', 'RefNextIteration',
+])
+_VARIABLE_OP_TYPES = frozenset(['VariableV2', 'Variable', 'VarHandleOp'])
+# A reference variable's snapshot, a resource variable's read.
+READ_OP_TYPES = frozenset(['Identity', 'ReadVariableOp'])
+_SEED2_STRIDE = 1000003  # a prime: seed2 + i * stride differs per tower
+
+
+class TowerCloner(object):
+  """Copies what tower 0 built onto towers 1..N-1, one round per request.
+
+  Each `clone` call copies the ops (built in tower 0 since it started) that
+  the requested tensors depend on and that no earlier round copied; later
+  rounds read what earlier rounds copied. `get` maps a tower-0 tensor or op to
+  tower i's copy.
+  """
+
+  def __init__(self, graph, devices, first_op_index, tower_inputs):
+    """Prepares to copy tower 0 of `graph`.
+
+    Args:
+      graph: the graph the towers are built in.
+      devices: the tower devices, tower 0's first.
+      first_op_index: how many ops `graph` had when tower 0 started.
+      tower_inputs: for each tower, the flat list of tensors its `model_fn`
+        call gets (features and labels, composite tensors expanded), in the
+        same order for every tower.
+    """
+    self._graph = graph
+    self._devices = list(devices)
+    self._first_op_index = first_op_index
+    # What tower 0's ops asked for inside the tower's device scope; filled
+    # by the tower's device function (device_setter.tower_device_setter).
+    self.requested_devices = {}
+    self._copies = [None] + [{} for _ in self._devices[1:]]
+    for tower_id in range(1, len(self._devices)):
+      for original, copy in zip(tower_inputs[0], tower_inputs[tower_id]):
+        if original is not None:
+          self._copies[tower_id][original.name] = copy
+    self._prefixes = None
+    self._device_cache = {}
+    self._control_proxies = {}
+    self._shared = set()
+    # Per tower, packed copies of variable reads (read_packing.py), by the
+    # read's tensor name; and the reads already offered for packing.
+    self._read_copies = [None] + [{} for _ in self._devices[1:]]
+    self._reads_offered = set()
+
+  def reason_not_to_clone(self, tower_context_requested, sum_reduction):
+    """Why tower 0 must not be copied, or None when it may be.
+
+    Args:
+      tower_context_requested: whether `model_fn` called
+        `replicate.get_tower_context()` while building tower 0.
+      sum_reduction: whether the loss reduction is `SUM`.
+
+    Returns:
+      A sentence for the warning, or None.
+    """
+    if tower_context_requested:
+      return ('model_fn calls replicate.get_tower_context(), so its towers '
+              'may differ')
+    window = self._window()
+    for op in window:
+      if op.type in _V1_CONTROL_FLOW_OP_TYPES:
+        return ('model_fn builds TF1 control flow ({} op {}), which '
+                'tf.import_graph_def cannot copy'.format(op.type, op.name))
+    if sum_reduction and self._window_items(
+        tf1.GraphKeys.REGULARIZATION_LOSSES, window):
+      return ('loss_reduction is SUM and model_fn creates regularization '
+              'losses, which only tower 0 may count')
+    for op in window:
+      requested = self.requested_devices.get(op.name)
+      if (requested is not None and op.device != self._placed(requested, 0)
+          and op.type not in device_setter.STATEFUL_OP_TYPES and
+          not _colocation_targets(op.node_def)):
+        return ('a device scope around the replicated model_fn moved {} to '
+                '{!r}'.format(op.name, op.device))
+    return None
+
+  def share(self, ops):
+    """Marks tower-0 ops as shared by every tower: they are never copied.
+
+    Args:
+      ops: `Operation`s built in tower 0.
+    """
+    self._shared.update(op.name for op in ops)
+
+  def clone(self, targets):
+    """Copies onto towers 1..N-1 what `targets` need from tower 0.
+
+    Args:
+      targets: tower-0 `Tensor`s and `Operation`s.
+    """
+    window, todo, shared = self._cone(targets)
+    ops = [op for op in window if op.name in todo]  # creation order
+    if not ops:
+      return
+    if self._prefixes is None:
+      self._prefixes = [None] + [
+          self._graph.unique_name('tower_{}'.format(tower_id)) + '/'
+          for tower_id in range(1, len(self._devices))
+      ]
+    with self._graph.as_default(), tf1.device(None), tf1.name_scope(None), (
+        tf1.control_dependencies(None)), tf1.colocate_with(
+            None, ignore_existing=True):
+      self._import(ops, todo, shared)
+
+  def reads_needed_by(self, targets):
+    """The plain variable reads that copies of `targets` would read."""
+    window, todo, shared = self._cone(targets)
+    reads = {}
+    for op in window:
+      if op.name in todo:
+        for tensor in op.inputs:
+          if tensor.op.name in shared and _is_plain_read(tensor.op):
+            reads[tensor.name] = tensor
+    return list(reads.values())
+
+  def _cone(self, targets):
+    """`(window, names to copy, shared names)` for copying `targets`.
+
+    The names to copy are the ops of tower 0 (the window) that `targets`
+    depend on through data or control inputs, stopping at shared ops and at
+    ops copied before.
+    """
+    window = self._window()
+    in_window = set(op.name for op in window)
+    shared = self._shared_op_names(window)
+    todo = set()
+    stack = [t if isinstance(t, tf1.Operation) else t.op for t in targets]
+    while stack:
+      op = stack.pop()
+      name = op.name
+      if (name in todo or name in shared or name not in in_window or
+          name in self._copies[1]):
+        continue
+      todo.add(name)
+      stack.extend(t.op for t in op.inputs)
+      stack.extend(op.control_inputs)
+    return window, todo, shared
+
+  def _import(self, ops, todo, shared):
+    """Copies `ops` (names `todo`) onto every other tower: one import.
+
+    Every tower's copies go into one `GraphDef`, named `tower_<i>/<name>`.
+    An input from outside `ops` is renamed the same way and mapped, per
+    tower, to what that tower reads: its copy from an earlier round, its
+    shard of the batch, a packed copy of a variable read, or the tensor
+    itself (shared).
+    """
+    graph_def = tf1.GraphDef()
+    graph_def.versions.CopyFrom(self._graph.graph_def_versions)
+    external = {}  # input name in a NodeDef -> Tensor or Operation
+    for op in ops:
+      for tensor in op.inputs:
+        if tensor.op.name not in todo:
+          external[_input_name(tensor)] = tensor
+      for control in op.control_inputs:
+        if control.name not in todo:
+          external['^' + control.name] = control
+    self.copy_reads([t for t in external.values()
+                     if isinstance(t, tf.Tensor) and t.op.name in shared and
+                     _is_plain_read(t.op)])
+    node_defs = [op.node_def for op in ops]
+    devices = {}
+    input_map = {}
+    returned = []
+    for tower_id in range(1, len(self._devices)):
+      prefix = self._prefixes[tower_id]
+      copies = self._copies[tower_id]
+      read_copies = self._read_copies[tower_id]
+      for op, node_def in zip(ops, node_defs):
+        node = graph_def.node.add()
+        node.CopyFrom(node_def)
+        node.name = prefix + node.name
+        for index, name in enumerate(node.input):
+          node.input[index] = (
+              '^' + prefix + name[1:] if name.startswith('^') else
+              prefix + name)
+        # The device is set by the device function below: a device in the
+        # NodeDef would make the import enter a device scope for every op.
+        node.ClearField('device')
+        devices[node.name] = self._copy_device(op, node_def, tower_id, devices)
+        _offset_seed(node, tower_id)
+        _rename_colocation(node, prefix, todo)
+        returned.append(node.name)
+      for name, value in external.items():
+        if name.startswith('^'):
+          input_map['^' + prefix + name[1:]] = self._control_tensor(
+              copies.get(value.name, value))
+        else:
+          input_map[prefix + name] = read_copies.get(
+              value.name, copies.get(value.name, value))
+    with tf1.device(lambda op: devices.get(op.name, op.device)):
+      imported = tf1.import_graph_def(
+          graph_def, input_map=input_map, return_elements=returned, name='')
+    position = 0
+    for tower_id in range(1, len(self._devices)):
+      copies = self._copies[tower_id]
+      for op in ops:
+        new_op = imported[position]
+        position += 1
+        copies[op.name] = new_op
+        for old, new in zip(op.outputs, new_op.outputs):
+          copies[old.name] = new
+
+  def copy_reads(self, reads):
+    """Packs variable reads for the copied towers (read_packing.py).
+
+    Reads offered before are skipped; a read that is not packed stays as it
+    is (the towers receive it directly).
+
+    Args:
+      reads: tensors, each the output of a plain read of a variable: an
+        identity of a reference variable or a read of a resource variable,
+        without control inputs.
+    """
+    reads = [t for t in reads if t.name not in self._reads_offered]
+    if not reads:
+      return
+    self._reads_offered.update(t.name for t in reads)
+    with self._graph.as_default(), tf1.device(None), tf1.name_scope(None), (
+        tf1.control_dependencies(None)), tf1.colocate_with(
+            None, ignore_existing=True):
+      copies = read_packing.tower_copies(
+          [(t, _read_device(t.op)) for t in reads], self._devices)
+    for tower_id in range(1, len(self._devices)):
+      self._read_copies[tower_id].update(copies[tower_id])
+
+  def reads_copied(self, reads):
+    """Whether every copied tower reads each of `reads` from a pack.
+
+    Args:
+      reads: tensors; None stands for a read that cannot be copied.
+
+    Returns:
+      A bool.
+    """
+    return all(read is not None and read.name in self._read_copies[tower_id]
+               for read in reads for tower_id in range(1, len(self._devices)))
+
+  def name_scope(self, tower_id):
+    """The name scope (ending in '/') of tower `tower_id`'s copies."""
+    return self._prefixes[tower_id]
+
+  def _control_tensor(self, op):
+    """A tensor whose op stands for `op` as a control input of a copy.
+
+    `import_graph_def` remaps control inputs to the op of a tensor; an op
+    without outputs (e.g. a resource variable's update) gets a constant that
+    depends on it, made once and shared by the towers.
+    """
+    if op.outputs:
+      return op.outputs[0]
+    proxy = self._control_proxies.get(op.name)
+    if proxy is None:
+      with tf1.device(op.device), tf1.control_dependencies([op]):
+        proxy = tf.constant(0, name='control_proxy')
+      self._control_proxies[op.name] = proxy
+    return proxy
+
+  def get(self, tower_id, value):
+    """Tower `tower_id`'s copy of a tower-0 value (itself where shared).
+
+    Args:
+      tower_id: a tower other than 0.
+      value: a `Tensor`, `Operation`, `IndexedSlices` or None.
+
+    Returns:
+      The copy, of the same kind.
+    """
+    if value is None:
+      return None
+    if isinstance(value, tf.IndexedSlices):
+      return tf.IndexedSlices(
+          self.get(tower_id, value.values), self.get(tower_id, value.indices),
+          self.get(tower_id, value.dense_shape))
+    return self._copies[tower_id].get(value.name, value)
+
+  def _window(self):
+    return self._graph.get_operations()[self._first_op_index:]
+
+  def _window_items(self, key, window_ops):
+    names = set(op.name for op in window_ops)
+    return [item for item in self._graph.get_collection(key)
+            if _op_of(item) is not None and _op_of(item).name in names]
+
+  def _shared_op_names(self, window):
+    """Ops of tower 0 that every tower uses as they are."""
+    shared = set(self._shared)
+    shared.update(_op_of(item).name for item in self._window_items(
+        tf1.GraphKeys.UPDATE_OPS, window))
+    for op in window:
+      op_type = op.type
+      if op_type in device_setter.STATEFUL_OP_TYPES or (
+          op_type in READ_OP_TYPES and _is_plain_read(op)):
+        shared.add(op.name)
+    return shared
+
+  def _copy_device(self, op, node_def, tower_id, devices):
+    """Where tower `tower_id` gets its copy of `op`.
+
+    Args:
+      op: a tower-0 op.
+      node_def: its `NodeDef`.
+      tower_id: the tower.
+      devices: the devices of the copies placed so far in this round, by
+        name.
+
+    Returns:
+      A device string.
+    """
+    colocated = _colocation_targets(node_def)
+    for target in colocated:
+      name = self._prefixes[tower_id] + target
+      if name in devices:
+        return devices[name]
+      if target in self._copies[tower_id]:
+        return self._copies[tower_id][target].device
+    requested = self.requested_devices.get(op.name)
+    if requested is None or colocated:
+      # Not placed by the tower's device function, or colocated with a
+      # shared op: the same device in every tower.
+      return op.device
+    return self._placed(requested, tower_id)
+
+  def _placed(self, requested, tower_id):
+    """Tower `tower_id`'s device for an op that requested `requested`.
+
+    A request of exactly tower 0's device is read as "this tower's device":
+    that is what `tf.device(x.device)` of a tower-0 tensor `x` asks for, and
+    what the same line gives in a tower built by its own `model_fn` call. (An
+    op pinned to that device on purpose thus moves with its tower; on
+    virtual CPUs of one machine that changes no result.)
+    """
+    key = (requested, tower_id)
+    device = self._device_cache.get(key)
+    if device is None:
+      if requested and (device_util.canonicalize(requested) ==
+                        device_util.canonicalize(self._devices[0])):
+        device = self._devices[tower_id]
+      else:
+        device = device_setter.tower_device(requested, self._devices[tower_id])
+      self._device_cache[key] = device
+    return device
+
+
+def _op_of(item):
+  if isinstance(item, tf1.Operation):
+    return item
+  return getattr(item, 'op', None)
+
+
+def _is_plain_read(op):
+  """A read of a variable without control inputs: the same in every tower."""
+  op_type = op.type
+  if op_type not in READ_OP_TYPES or op.control_inputs or len(op.inputs) != 1:
+    return False
+  source = op.inputs[0]
+  if op_type == 'Identity':
+    return source.op.type in _VARIABLE_OP_TYPES and source.dtype._is_ref_dtype  # pylint: disable=protected-access
+  return source.op.type == 'VarHandleOp'
+
+
+def _read_device(read_op):
+  """Where a plain read runs: its device, else its variable's.
+
+  A resource variable's read is built without a device (`value()` leaves
+  every device scope) and placed next to the variable by TF's placer.
+  """
+  return read_op.device or read_op.inputs[0].op.device
+
+
+def _colocation_targets(node_def):
+  """Names of the ops a `NodeDef` is colocated with (its `_class` attr)."""
+  if '_class' not in node_def.attr:
+    return []
+  prefix = b'loc:@'
+  return [g[len(prefix):].decode() for g in node_def.attr['_class'].list.s
+          if g.startswith(prefix)]
+
+
+def _input_name(tensor):
+  """How a NodeDef names `tensor` as an input (`op` for output 0)."""
+  return tensor.op.name if tensor.value_index == 0 else tensor.name
+
+
+def _rename_colocation(node, prefix, copied):
+  """Colocates a copy with the copies of the ops its original was with.
+
+  Colocation with an op that is not copied (e.g. a variable) is dropped: the
+  copy's device is set explicitly to that op's.
+  """
+  if '_class' not in node.attr:
+    return
+  groups = node.attr['_class'].list.s
+  tag = b'loc:@'
+  kept = [tag + prefix.encode() + g[len(tag):] for g in groups
+          if g.startswith(tag) and g[len(tag):].decode() in copied]
+  if kept:
+    del groups[:]
+    groups.extend(kept)
+  else:
+    del node.attr['_class']
+
+
+def _offset_seed(node, tower_id):
+  """Gives a seeded random op of tower `tower_id` its own `seed2`."""
+  if 'seed' not in node.attr or 'seed2' not in node.attr:
+    return
+  if not node.attr['seed'].i and not node.attr['seed2'].i:
+    return  # Unseeded: every op draws its own numbers already.
+  node.attr['seed2'].i = (node.attr['seed2'].i +
+                          tower_id * _SEED2_STRIDE) % (1 << 31)
+
+
