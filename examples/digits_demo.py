@@ -43,11 +43,11 @@ def model_fn(features, labels, mode, params):
 
   loss = tf1.losses.sparse_softmax_cross_entropy(labels, logits)
   accuracy = tf1.metrics.accuracy(labels, classes)
-  tower = replicate.get_tower_context()
-  if tower is None or tower.is_first_tower:  # one summary, not one per tower
-    tf1.summary.scalar('batch_accuracy',
-                       tf.reduce_mean(tf.cast(tf.equal(labels, classes),
-                                              tf.float32)))
+  # In training, replicate_model_fn calls this function once and copies the
+  # towers' training ops from it, so the summary exists once (tower 0's).
+  tf1.summary.scalar('batch_accuracy',
+                     tf.reduce_mean(tf.cast(tf.equal(labels, classes),
+                                            tf.float32)))
   optimizer = replicate.TowerOptimizer(
       tf1.train.AdamOptimizer(params['learning_rate']))
   train_op = optimizer.minimize(loss, tf1.train.get_global_step())
