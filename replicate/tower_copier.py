@@ -78,7 +78,8 @@ class TowerCloner(object):
     """
     if tower_context_requested:
       return ('model_fn calls replicate.get_tower_context(), so its towers '
-              'may differ')
+              'may differ (to build a summary once, drop the call: a copied '
+              'model runs model_fn once)')
     window = self._window()
     for op in window:
       if op.type in _V1_CONTROL_FLOW_OP_TYPES:

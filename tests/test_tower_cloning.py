@@ -355,8 +355,10 @@ class FallbackTest(tf.test.TestCase, parameterized.TestCase):
 
     calls, reasons = self._reasons(model_fn)
     self.assertEqual(2, calls)
-    self.assertEqual(['model_fn calls replicate.get_tower_context(), so its '
-                      'towers may differ'], reasons)
+    self.assertLen(reasons, 1)
+    self.assertStartsWith(reasons[0], 'model_fn calls '
+                          'replicate.get_tower_context(), so its towers may '
+                          'differ')
 
   def test_sum_reduction_with_regularization(self):
     def model_fn(features, labels, mode, params):
