@@ -290,8 +290,8 @@ def _replicate(model_fn, features, labels, mode, params, config, placement,
             if id(v) not in metrics_before
         ])
       if replication.towers_cloned:
-        specs.extend(_copied_specs(cloner, replication, specs[0],
-                                   unscaled_loss, collections, devices))
+        specs.extend(tower_cloning.copied_specs(
+            cloner, replication, specs[0], unscaled_loss, collections))
         metric_variables.extend([] for _ in range(1, num_towers))
       replication.check_same_optimizer_calls()
     finally:
@@ -299,26 +299,6 @@ def _replicate(model_fn, features, labels, mode, params, config, placement,
       collections.finish()
     return tower_specs.merge(mode, specs, metric_variables, aggregation_device,
                              replication.applying_tower_id)
-
-
-def _copied_specs(cloner, replication, first_spec, unscaled_loss,
-                  collections, devices):
-  """The specs of towers 1..N-1 when they are copies of tower 0.
-
-  Each is tower 0's spec with the tower's own scaled loss: the copy of tower
-  0's loss (already copied, as a rule, since the gradients needed it).
-  """
-  losses = collections.added(0, tf1.GraphKeys.LOSSES)
-  cloner.clone([unscaled_loss] + losses)
-  specs = []
-  for tower_id in range(1, len(devices)):
-    collections.record_copied_losses(
-        tower_id, [cloner.get(tower_id, loss) for loss in losses])
-    with tf1.device(devices[tower_id]), tf1.name_scope(
-        cloner.name_scope(tower_id)):
-      loss = replication.scale_loss(cloner.get(tower_id, unscaled_loss))
-    specs.append(first_spec._replace(loss=loss))
-  return specs
 
 
 def _ids(items):

@@ -142,6 +142,36 @@ def clone_optimizer_call(replication, call_index):
     replication.record_raw_gradients(raws)
 
 
+def copied_specs(cloner, replication, first_spec, unscaled_loss, collections):
+  """The `EstimatorSpec`s of towers 1..N-1 when they are copies of tower 0.
+
+  Each is tower 0's spec with the tower's own scaled loss: the copy of tower
+  0's loss (already copied, as a rule, since the gradients needed it). The
+  copies of tower 0's `LOSSES` entries are recorded as the towers' own.
+
+  Args:
+    cloner: the `TowerCloner` that copied tower 0.
+    replication: the `tower_context.Replication` being built.
+    first_spec: tower 0's spec, its loss scaled.
+    unscaled_loss: the loss tower 0's `model_fn` returned.
+    collections: the `tower_collections.TowerCollections` of the towers.
+
+  Returns:
+    A list of `num_towers - 1` specs.
+  """
+  losses = collections.added(0, tf1.GraphKeys.LOSSES)
+  cloner.clone([unscaled_loss] + losses)
+  specs = []
+  for tower_id in range(1, replication.num_towers):
+    collections.record_copied_losses(
+        tower_id, [cloner.get(tower_id, loss) for loss in losses])
+    with tf1.device(cloner.device(tower_id)), tf1.name_scope(
+        cloner.name_scope(tower_id)):
+      loss = replication.scale_loss(cloner.get(tower_id, unscaled_loss))
+    specs.append(first_spec._replace(loss=loss))
+  return specs
+
+
 def _gradient_targets(grad, raw_gradients, gated):
   """What a copy of tower 0's gradient `grad` is made from.
 

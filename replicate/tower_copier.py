@@ -264,6 +264,10 @@ class TowerCloner(object):
     """The name scope (ending in '/') of tower `tower_id`'s copies."""
     return self._prefixes[tower_id]
 
+  def device(self, tower_id):
+    """Tower `tower_id`'s device."""
+    return self._devices[tower_id]
+
   def _control_tensor(self, op):
     """A tensor whose op stands for `op` as a control input of a copy.
 

@@ -126,6 +126,21 @@ class CloneTrainingTest(tf.test.TestCase, parameterized.TestCase):
       self.assertAllClose(one[name], cloned[name], rtol=1e-5, atol=1e-6,
                           msg=name)
 
+  def test_round_robin_variables(self):
+    # Variables spread over the towers' devices: a copy reads those on its
+    # own device directly (no pack, its gradient keeps its gate) and the
+    # others from packs.
+    features, labels = _data()
+    one = mt.train_variables(_deep_model_fn, features, labels, mt.cpus(1))
+    spread = mt.train_variables(
+        _deep_model_fn, features, labels, mt.cpus(4),
+        replicate_fn=functools.partial(
+            replicate.replicate_model_fn,
+            variable_placement=replicate.VariablePlacement.ROUND_ROBIN))
+    for name in one:
+      self.assertAllClose(one[name], spread[name], rtol=1e-5, atol=1e-6,
+                          msg=name)
+
   def test_sparse_gradients(self):
     # An embedding lookup gives IndexedSlices, which copies keep sparse.
     def model_fn(features, labels, mode):
