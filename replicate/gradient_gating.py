@@ -31,6 +31,13 @@ from replicate._compat import tf1
 # Ops that read a variable without copying it: a reference variable's
 # snapshot (`Identity`) and a resource variable's `ReadVariableOp`.
 _READ_OP_TYPES = frozenset(['Identity', 'ReadVariableOp'])
+# TF1 control flow brings a variable into a `tf.while_loop` or `tf.cond`
+# through these; the ops that read it inside run in the loop's frame, where
+# no op outside may wait for them. They need no gate either: a gradient
+# flowing out of a loop is only produced once the loop has finished.
+_CONTROL_FLOW_OP_TYPES = frozenset([
+    'Enter', 'RefEnter', 'Switch', 'RefSwitch', 'Merge', 'RefMerge', 'Exit',
+    'RefExit', 'NextIteration', 'RefNextIteration', 'LoopCond'])
 
 
 class RawGradient(
@@ -112,6 +119,8 @@ def _readers_by_variable_op(ops):
   """For each variable op name, the ops among `ops` that read the variable."""
   readers = collections.defaultdict(list)
   for op in ops:
+    if op.type in _CONTROL_FLOW_OP_TYPES:
+      continue
     if op.outputs and not any(t.consumers() for t in op.outputs):
       # A dead end of the gradient computation (e.g. the gradient of the
       # first layer's input): nothing runs it, so there is nothing to wait

@@ -424,6 +424,35 @@ class FallbackTest(tf.test.TestCase, parameterized.TestCase):
     for name in one:
       self.assertAllClose(one[name], two[name], rtol=1e-5, atol=1e-6)
 
+  @parameterized.named_parameters(('cloned', CLONE), ('per_tower', PER_TOWER))
+  def test_while_loop_trains_like_one_device(self, tower_build):
+    # dynamic_rnn: a TF1 while loop under TF 1.15 (per-tower calls), one
+    # While op under TF 2. The loop's Enter reads the kernel; a gate on it
+    # would wait for an op inside the loop's frame from outside it, which TF
+    # rejects at run time (gradient_gating.py skips control-flow ops).
+    def model_fn(features, labels, mode, params):
+      del params
+      inputs = tf.reshape(features['x'], [-1, 4, 2])
+      with tf1.variable_scope(
+          'rnn', initializer=tf1.glorot_uniform_initializer(seed=4)):
+        _, state = tf1.nn.dynamic_rnn(tf1.nn.rnn_cell.BasicRNNCell(5),
+                                      inputs, dtype=tf.float32)
+      logits = tf1.layers.dense(
+          state, 1, kernel_initializer=tf1.glorot_uniform_initializer(seed=2))
+      loss = tf1.losses.sigmoid_cross_entropy(labels, logits)
+      train_op = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(0.5)).minimize(
+              loss, tf1.train.get_global_step())
+      return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    features, labels = _data()
+    with mock.patch.object(tower_cloning, 'warn_not_cloned'):
+      one = mt.train_variables(model_fn, features, labels, mt.cpus(1))
+      four = _train(model_fn, mt.cpus(4), tower_build)
+    for name in one:
+      self.assertAllClose(one[name], four[name], rtol=1e-5, atol=1e-6,
+                          msg=name)
+
   def test_device_scope_around_the_replicated_model_fn(self):
     # An enclosing scope fills in the job of tower 0's ops; a copy would not
     # get it, so model_fn builds every tower.
