@@ -69,13 +69,22 @@ class TowerContext(object):
 
 
 class _OptimizerCall(object):
-  """The gradients one `TowerOptimizer.apply_gradients` call saw in a tower."""
+  """One `TowerOptimizer.apply_gradients` call of a tower.
 
-  __slots__ = ('optimizer_name', 'grads_and_vars')
+  Attributes:
+    optimizer_name: the wrapped optimizer's name.
+    grads_and_vars: the `(gradient, variable)` pairs the call was given.
+    returned_op: the op the call returned in a tower that does not apply
+      (waiting for the gradients and for whatever the call was made under),
+      else None.
+  """
+
+  __slots__ = ('optimizer_name', 'grads_and_vars', 'returned_op')
 
   def __init__(self, optimizer_name, grads_and_vars):
     self.optimizer_name = optimizer_name
     self.grads_and_vars = grads_and_vars
+    self.returned_op = None
 
 
 class Replication(object):
@@ -168,6 +177,14 @@ class Replication(object):
     """`(optimizer_name, grads_and_vars)` of one recorded call."""
     call = self._calls[tower_id][call_index]
     return call.optimizer_name, call.grads_and_vars
+
+  def record_returned_op(self, call_index, op):
+    """Records what the current tower's call `call_index` returned."""
+    self._calls[self.tower.tower_id][call_index].returned_op = op
+
+  def returned_op(self, tower_id, call_index):
+    """What tower `tower_id`'s call `call_index` returned (see above)."""
+    return self._calls[tower_id][call_index].returned_op
 
   def gradients_of_call(self, call_index):
     """The `(gradient, variable)` lists of call `call_index`, one per tower.

@@ -193,14 +193,20 @@ class TowerOptimizer(tf1.train.Optimizer):
     if replication.tower.tower_id != replication.applying_tower_id:
       gradients = [g for g, _ in grads_and_vars if g is not None]
       with tf1.control_dependencies(_tensors_of(gradients)):
-        return tf.no_op(name='tower_gradients_recorded')
+        recorded = tf.no_op(name='tower_gradients_recorded')
+      replication.record_returned_op(call_index, recorded)
+      return recorded
     if replication.tower.tower_id == tower_collections.UPDATE_TOWER_ID:
       return self._apply_sums(replication, optimizer, call_index, global_step,
                               name)
     # The last tower applies for every tower, but only tower 0's update ops
-    # may run: the user's `control_dependencies(update_ops)` around this call
-    # would bring the last tower's in (see tower_collections.py).
-    with tf1.control_dependencies(None):
+    # may run (see tower_collections.py): instead of what this call is made
+    # under (e.g. `control_dependencies(update_ops)` of the last tower), the
+    # update waits for what tower 0's same call was made under.
+    first_tower_call = replication.returned_op(
+        tower_collections.UPDATE_TOWER_ID, call_index)
+    with tf1.control_dependencies(None), tf1.control_dependencies(
+        [first_tower_call]):
       return self._apply_sums(replication, optimizer, call_index, global_step,
                               name)
 

@@ -354,13 +354,31 @@ class UpdateOpsPolicyTest(tf.test.TestCase, parameterized.TestCase):
     return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
   @staticmethod
-  def _train(steps, tower_build):
+  def _model_fn_waiting_at_apply(features, labels, mode):
+    """The updates wait around apply_gradients, not around the gradients."""
+    normalized = tf1.layers.batch_normalization(
+        features['x'], momentum=0.5, training=mode == mt.TRAIN, name='bn')
+    logits = tf1.layers.dense(
+        normalized, 1, kernel_initializer=tf1.glorot_uniform_initializer(
+            seed=4), name='logits')
+    loss = tf1.losses.sigmoid_cross_entropy(labels, logits)
+    optimizer = replicate.TowerOptimizer(
+        tf1.train.GradientDescentOptimizer(0.1))
+    grads_and_vars = optimizer.compute_gradients(loss)
+    with tf1.control_dependencies(
+        tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
+      train_op = optimizer.apply_gradients(grads_and_vars,
+                                           tf1.train.get_global_step())
+    return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+  @staticmethod
+  def _train(steps, tower_build, model_fn=None):
     x = np.arange(32, dtype=np.float32).reshape(8, 4)
     labels = np.ones((8, 1), np.float32)
     replicate_fn = functools.partial(replicate.replicate_model_fn,
                                      tower_build=tower_build)
-    return x, mt.train_variables(UpdateOpsPolicyTest._model_fn, {'x': x},
-                                 labels, mt.cpus(4), steps=steps,
+    return x, mt.train_variables(model_fn or UpdateOpsPolicyTest._model_fn,
+                                 {'x': x}, labels, mt.cpus(4), steps=steps,
                                  replicate_fn=replicate_fn)
 
   @parameterized.named_parameters(
@@ -380,6 +398,14 @@ class UpdateOpsPolicyTest(tf.test.TestCase, parameterized.TestCase):
     _, fourth = self._train(4, tower_build)
     for name in ('bn/moving_mean', 'bn/moving_variance'):
       self.assertAllEqual(third[name], fourth[name])
+
+  @parameterized.named_parameters(
+      ('cloned', replicate.TowerBuild.CLONE),
+      ('per_tower', replicate.TowerBuild.CALL_PER_TOWER))
+  def test_updates_waited_for_at_apply_gradients(self, tower_build):
+    x, values = self._train(1, tower_build, self._model_fn_waiting_at_apply)
+    # As above: tower 0's updates ran, once: 0.5 * x[0:2].mean(0).
+    self.assertAllClose(0.5 * x[0:2].mean(axis=0), values['bn/moving_mean'])
 
   @parameterized.named_parameters(
       ('cloned', replicate.TowerBuild.CLONE),
