@@ -18,11 +18,14 @@ before replication plus tower `i`'s own, and nothing of the other towers:
   unreplicated model. Under `Reduction.SUM` tower losses are added, not
   averaged, so only tower 0 sees them (again: exactly once overall).
 * `UPDATE_OPS`: the policy for batch-norm moving statistics is "tower 0's
-  updates only". Tower 0's gradients wait for its updates as the model asks
-  (usually a `tf.control_dependencies(update_ops)` block around `minimize`);
-  the updates other towers build are never run (`TowerOptimizer` computes
-  their gradients outside that block, and towers copied from tower 0 share
-  its updates instead of copying them). One writer per variable per step
+  updates only". The update of the variables waits for tower 0's updates
+  as the model asks (usually a `tf.control_dependencies(update_ops)` block
+  around `minimize`, or around `apply_gradients`); the updates other towers
+  build are never run. Towers copied from tower 0 share its updates instead
+  of copying them. Towers built by their own `model_fn` call compute their
+  gradients outside that block, and the last tower, which applies for all,
+  waits for what tower 0's same `apply_gradients` call was made under
+  instead of its own (tower_optimizer.py). One writer per variable per step
   makes the moving statistics deterministic: two identical runs give
   bit-identical values. They are estimated from one tower's shard per step,
   tower 0's, as in tf_cnn_benchmarks. Afterwards the collection holds tower
