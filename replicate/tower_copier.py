@@ -13,11 +13,14 @@ from replicate import device_util
 from replicate import read_packing
 from replicate._compat import tf1
 
-# TF1 control flow: the Python control-flow contexts of these ops cannot be
-# imported, so a tower that holds them is built by calling model_fn.
-_V1_CONTROL_FLOW_OP_TYPES = frozenset([
-    'Enter', 'Exit', 'Switch', 'Merge', 'NextIteration', 'LoopCond',
-    'RefEnter', 'RefExit', 'RefSwitch', 'RefMerge', 'RefNextIteration',
+# A TF1 `tf.while_loop` runs in a frame named by its Enter ops' `frame_name`;
+# copies of the loop would share the frame of tower 0's, so a tower holding
+# one is built by calling model_fn. (A TF1 `tf.cond`, Switch and Merge ops, is
+# copied like any other ops: nothing differentiates the copies, which is all
+# its Python-side context is needed for.)
+_V1_LOOP_OP_TYPES = frozenset([
+    'Enter', 'Exit', 'NextIteration', 'LoopCond', 'RefEnter', 'RefExit',
+    'RefNextIteration',
 ])
 _VARIABLE_OP_TYPES = frozenset(['VariableV2', 'Variable', 'VarHandleOp'])
 # A reference variable's snapshot, a resource variable's read.
@@ -82,9 +85,9 @@ class TowerCloner(object):
               'model runs model_fn once)')
     window = self._window()
     for op in window:
-      if op.type in _V1_CONTROL_FLOW_OP_TYPES:
-        return ('model_fn builds TF1 control flow ({} op {}), which '
-                'tf.import_graph_def cannot copy'.format(op.type, op.name))
+      if op.type in _V1_LOOP_OP_TYPES:
+        return ('model_fn builds a TF1 tf.while_loop ({} op {}), whose copies '
+                'would share its frame'.format(op.type, op.name))
     if sum_reduction and self._window_items(
         tf1.GraphKeys.REGULARIZATION_LOSSES, window):
       return ('loss_reduction is SUM and model_fn creates regularization '

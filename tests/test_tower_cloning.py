@@ -395,7 +395,9 @@ class FallbackTest(tf.test.TestCase, parameterized.TestCase):
     calls, reasons = self._reasons(model_fn)  # MEAN: copied
     self.assertEqual((1, []), (calls, reasons))
 
-  def test_tf1_control_flow(self):
+  def test_cond_is_copied(self):
+    # tf.cond: Switch/Merge ops under TF 1.15, one If op under TF 2: copied
+    # either way.
     def model_fn(features, labels, mode, params):
       del params
       logits = tf1.layers.dense(
@@ -411,25 +413,41 @@ class FallbackTest(tf.test.TestCase, parameterized.TestCase):
       return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
     calls, reasons = self._reasons(model_fn)
-    if tf1.control_flow_v2_enabled():
-      # TF 2.x builds one If op with its branches as functions: copied.
-      self.assertEqual((1, []), (calls, reasons))
-    else:
-      self.assertEqual(2, calls)
-      self.assertLen(reasons, 1)
-      self.assertIn('TF1 control flow', reasons[0])
+    self.assertEqual((1, []), (calls, reasons))
     features, labels = _data()
     one = mt.train_variables(model_fn, features, labels, mt.cpus(1))
     two = mt.train_variables(model_fn, features, labels, mt.cpus(2))
     for name in one:
       self.assertAllClose(one[name], two[name], rtol=1e-5, atol=1e-6)
 
+  def test_cond_on_each_towers_shard(self):
+    # Each copy takes the branch its own shard asks for, as a tower built by
+    # its own model_fn call does.
+    def model_fn(features, labels, mode, params):
+      del params
+      logits = tf1.layers.dense(
+          features['x'], 1,
+          kernel_initializer=tf1.glorot_uniform_initializer(seed=1))
+      logits = tf1.cond(tf.reduce_mean(features['x']) > 0,
+                        lambda: logits, lambda: -2 * logits)
+      loss = tf1.losses.sigmoid_cross_entropy(labels, logits)
+      train_op = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1)).minimize(loss)
+      return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    copied = _train(model_fn, mt.cpus(4), CLONE)
+    per_tower = _train(model_fn, mt.cpus(4), PER_TOWER)
+    for name in copied:
+      self.assertAllClose(per_tower[name], copied[name], rtol=1e-6,
+                          atol=1e-7, msg=name)
+
   @parameterized.named_parameters(('cloned', CLONE), ('per_tower', PER_TOWER))
   def test_while_loop_trains_like_one_device(self, tower_build):
     # dynamic_rnn: a TF1 while loop under TF 1.15 (per-tower calls), one
-    # While op under TF 2. The loop's Enter reads the kernel; a gate on it
-    # would wait for an op inside the loop's frame from outside it, which TF
-    # rejects at run time (gradient_gating.py skips control-flow ops).
+    # While op under TF 2 (copied). The loop's Enter reads the kernel; a gate
+    # on it would wait for an op inside the loop's frame from outside it,
+    # which TF rejects at run time (gradient_gating.py skips control-flow
+    # ops).
     def model_fn(features, labels, mode, params):
       del params
       inputs = tf.reshape(features['x'], [-1, 4, 2])
@@ -446,9 +464,13 @@ class FallbackTest(tf.test.TestCase, parameterized.TestCase):
       return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
     features, labels = _data()
-    with mock.patch.object(tower_cloning, 'warn_not_cloned'):
+    with mock.patch.object(tower_cloning, 'warn_not_cloned') as warn:
       one = mt.train_variables(model_fn, features, labels, mt.cpus(1))
       four = _train(model_fn, mt.cpus(4), tower_build)
+    if tower_build == CLONE and not tf1.control_flow_v2_enabled():
+      self.assertIn('tf.while_loop', warn.call_args[0][0])
+    else:
+      warn.assert_not_called()
     for name in one:
       self.assertAllClose(one[name], four[name], rtol=1e-5, atol=1e-6,
                           msg=name)
