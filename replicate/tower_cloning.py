@@ -24,12 +24,12 @@ numbers, as separately built towers do.
 Copying is only right where calling `model_fn` again would have built the
 same graph on other inputs. When that cannot be shown, every tower is built
 by its own `model_fn` call, as in tf.contrib, and one warning says why:
-`model_fn` asked `replicate.get_tower_context()` which tower it builds; tower
-0 holds a TF1 `tf.while_loop`, whose copies would share its frame (a TF1
-`tf.cond` and TF 2's functional loops are copied); the loss reduction is
-`SUM` and tower 0 created regularization losses (they count in tower 0
-only); or a device scope around the replicated `model_fn` changed where
-tower 0's ops went. What stays different from
+`model_fn` asked `replicate.get_tower_context()` which tower it builds; the
+loss reduction is `SUM` and tower 0 created regularization losses (they
+count in tower 0 only); or a device scope around the replicated `model_fn`
+changed where tower 0's ops went. Control flow (TF1 `tf.cond` and
+`tf.while_loop`, whose frames are renamed per copy, and TF 2's functional
+ops) is copied like any other ops. What stays different from
 per-tower calls: `model_fn`'s Python code runs once, so Python-side state it
 keeps (a call counter, a Python random number) is the same for every tower,
 and summaries, hooks and other ops built after `apply_gradients` exist in

@@ -13,15 +13,6 @@ from replicate import device_util
 from replicate import read_packing
 from replicate._compat import tf1
 
-# A TF1 `tf.while_loop` runs in a frame named by its Enter ops' `frame_name`;
-# copies of the loop would share the frame of tower 0's, so a tower holding
-# one is built by calling model_fn. (A TF1 `tf.cond`, Switch and Merge ops, is
-# copied like any other ops: nothing differentiates the copies, which is all
-# its Python-side context is needed for.)
-_V1_LOOP_OP_TYPES = frozenset([
-    'Enter', 'Exit', 'NextIteration', 'LoopCond', 'RefEnter', 'RefExit',
-    'RefNextIteration',
-])
 _VARIABLE_OP_TYPES = frozenset(['VariableV2', 'Variable', 'VarHandleOp'])
 # A reference variable's snapshot, a resource variable's read.
 READ_OP_TYPES = frozenset(['Identity', 'ReadVariableOp'])
@@ -84,10 +75,6 @@ class TowerCloner(object):
               'may differ (to build a summary once, drop the call: a copied '
               'model runs model_fn once)')
     window = self._window()
-    for op in window:
-      if op.type in _V1_LOOP_OP_TYPES:
-        return ('model_fn builds a TF1 tf.while_loop ({} op {}), whose copies '
-                'would share its frame'.format(op.type, op.name))
     if sum_reduction and self._window_items(
         tf1.GraphKeys.REGULARIZATION_LOSSES, window):
       return ('loss_reduction is SUM and model_fn creates regularization '
@@ -206,6 +193,14 @@ class TowerCloner(object):
         node.ClearField('device')
         devices[node.name] = self._copy_device(op, node_def, tower_id, devices)
         _offset_seed(node, tower_id)
+        if 'frame_name' in node.attr:
+          # A TF1 tf.while_loop runs in the frame its Enter ops name: each
+          # copy of the loop needs its own, or TF takes the copies for one
+          # loop. (Nothing else of TF1 control flow needs care: its Python
+          # contexts only matter to differentiate the ops, and the copies
+          # are never differentiated.)
+          node.attr['frame_name'].s = prefix.encode() + node.attr[
+              'frame_name'].s
         _rename_colocation(node, prefix, todo)
         returned.append(node.name)
       for name, value in external.items():

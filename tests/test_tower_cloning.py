@@ -442,11 +442,11 @@ class FallbackTest(tf.test.TestCase, parameterized.TestCase):
                           atol=1e-7, msg=name)
 
   @parameterized.named_parameters(('cloned', CLONE), ('per_tower', PER_TOWER))
-  def test_while_loop_trains_like_one_device(self, tower_build):
-    # dynamic_rnn: a TF1 while loop under TF 1.15 (per-tower calls), one
-    # While op under TF 2 (copied). The loop's Enter reads the kernel; a gate
-    # on it would wait for an op inside the loop's frame from outside it,
-    # which TF rejects at run time (gradient_gating.py skips control-flow
+  def test_while_loop_is_copied_and_trains_like_one_device(self, tower_build):
+    # dynamic_rnn: a TF1 while loop under TF 1.15 (copies get frames of
+    # their own), one While op under TF 2. The loop's Enter reads the kernel;
+    # a gate on it would wait for an op inside the loop's frame from outside
+    # it, which TF rejects at run time (gradient_gating.py skips control-flow
     # ops).
     def model_fn(features, labels, mode, params):
       del params
@@ -467,13 +467,16 @@ class FallbackTest(tf.test.TestCase, parameterized.TestCase):
     with mock.patch.object(tower_cloning, 'warn_not_cloned') as warn:
       one = mt.train_variables(model_fn, features, labels, mt.cpus(1))
       four = _train(model_fn, mt.cpus(4), tower_build)
-    if tower_build == CLONE and not tf1.control_flow_v2_enabled():
-      self.assertIn('tf.while_loop', warn.call_args[0][0])
-    else:
-      warn.assert_not_called()
+    warn.assert_not_called()
     for name in one:
       self.assertAllClose(one[name], four[name], rtol=1e-5, atol=1e-6,
                           msg=name)
+    graph, _ = _build(model_fn, mt.cpus(2), tower_build=tower_build)
+    frames = set(op.get_attr('frame_name') for op in graph.get_operations()
+                 if op.type == 'Enter')
+    if frames:  # TF1 loops: one frame per tower and loop (forward, gradient)
+      self.assertLen(frames, 4)
+      self.assertLen([f for f in frames if f.startswith(b'tower_1/')], 2)
 
   def test_device_scope_around_the_replicated_model_fn(self):
     # An enclosing scope fills in the job of tower 0's ops; a copy would not
