@@ -339,7 +339,8 @@ class UpdateOpsPolicyTest(tf.test.TestCase, parameterized.TestCase):
   """Batch-norm moving statistics: tower 0's updates only."""
 
   @staticmethod
-  def _model_fn(features, labels, mode):
+  def _model_fn(features, labels, mode, params=None):
+    """BN model; params['wait_at']: where the update ops are waited for."""
     normalized = tf1.layers.batch_normalization(
         features['x'], momentum=0.5, training=mode == mt.TRAIN, name='bn')
     logits = tf1.layers.dense(
@@ -347,39 +348,27 @@ class UpdateOpsPolicyTest(tf.test.TestCase, parameterized.TestCase):
             seed=4), name='logits')
     loss = tf1.losses.sigmoid_cross_entropy(labels, logits)
     update_ops = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)
-    with tf1.control_dependencies(update_ops):
-      train_op = replicate.TowerOptimizer(
-          tf1.train.GradientDescentOptimizer(0.1)).minimize(
-              loss, tf1.train.get_global_step())
-    return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
-
-  @staticmethod
-  def _model_fn_waiting_at_apply(features, labels, mode):
-    """The updates wait around apply_gradients, not around the gradients."""
-    normalized = tf1.layers.batch_normalization(
-        features['x'], momentum=0.5, training=mode == mt.TRAIN, name='bn')
-    logits = tf1.layers.dense(
-        normalized, 1, kernel_initializer=tf1.glorot_uniform_initializer(
-            seed=4), name='logits')
-    loss = tf1.losses.sigmoid_cross_entropy(labels, logits)
     optimizer = replicate.TowerOptimizer(
         tf1.train.GradientDescentOptimizer(0.1))
-    grads_and_vars = optimizer.compute_gradients(loss)
-    with tf1.control_dependencies(
-        tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
-      train_op = optimizer.apply_gradients(grads_and_vars,
-                                           tf1.train.get_global_step())
+    if (params or {}).get('wait_at') == 'apply_gradients':
+      grads_and_vars = optimizer.compute_gradients(loss)
+      with tf1.control_dependencies(update_ops):
+        train_op = optimizer.apply_gradients(grads_and_vars,
+                                             tf1.train.get_global_step())
+    else:
+      with tf1.control_dependencies(update_ops):
+        train_op = optimizer.minimize(loss, tf1.train.get_global_step())
     return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
   @staticmethod
-  def _train(steps, tower_build, model_fn=None):
+  def _train(steps, tower_build, params=None):
     x = np.arange(32, dtype=np.float32).reshape(8, 4)
     labels = np.ones((8, 1), np.float32)
     replicate_fn = functools.partial(replicate.replicate_model_fn,
                                      tower_build=tower_build)
-    return x, mt.train_variables(model_fn or UpdateOpsPolicyTest._model_fn,
-                                 {'x': x}, labels, mt.cpus(4), steps=steps,
-                                 replicate_fn=replicate_fn)
+    return x, mt.train_variables(UpdateOpsPolicyTest._model_fn, {'x': x},
+                                 labels, mt.cpus(4), steps=steps,
+                                 params=params, replicate_fn=replicate_fn)
 
   @parameterized.named_parameters(
       ('cloned', replicate.TowerBuild.CLONE),
@@ -403,7 +392,7 @@ class UpdateOpsPolicyTest(tf.test.TestCase, parameterized.TestCase):
       ('cloned', replicate.TowerBuild.CLONE),
       ('per_tower', replicate.TowerBuild.CALL_PER_TOWER))
   def test_updates_waited_for_at_apply_gradients(self, tower_build):
-    x, values = self._train(1, tower_build, self._model_fn_waiting_at_apply)
+    x, values = self._train(1, tower_build, {'wait_at': 'apply_gradients'})
     # As above: tower 0's updates ran, once: 0.5 * x[0:2].mean(0).
     self.assertAllClose(0.5 * x[0:2].mean(axis=0), values['bn/moving_mean'])
 

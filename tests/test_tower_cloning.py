@@ -395,23 +395,30 @@ class FallbackTest(tf.test.TestCase, parameterized.TestCase):
     calls, reasons = self._reasons(model_fn)  # MEAN: copied
     self.assertEqual((1, []), (calls, reasons))
 
-  def test_cond_is_copied(self):
-    # tf.cond: Switch/Merge ops under TF 1.15, one If op under TF 2: copied
-    # either way.
+  @staticmethod
+  def _cond_model_fn(predicate_fn):
+    """A model_fn whose logits change sign where `predicate_fn(x)` is False."""
+
     def model_fn(features, labels, mode, params):
       del params
       logits = tf1.layers.dense(
           features['x'], 1,
           kernel_initializer=tf1.glorot_uniform_initializer(seed=1))
-      # The same branch for every shard, so that towers agree with one
-      # device.
-      logits = tf1.cond(tf1.train.get_global_step() < 100,
-                        lambda: logits, lambda: -logits)
+      logits = tf1.cond(predicate_fn(features['x']), lambda: logits,
+                        lambda: -2 * logits)
       loss = tf1.losses.sigmoid_cross_entropy(labels, logits)
       train_op = replicate.TowerOptimizer(
           tf1.train.GradientDescentOptimizer(0.1)).minimize(loss)
       return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
+    return model_fn
+
+  def test_cond_is_copied(self):
+    # tf.cond: Switch/Merge ops under TF 1.15, one If op under TF 2: copied
+    # either way. The same branch for every shard, so that towers agree
+    # with one device.
+    model_fn = self._cond_model_fn(
+        lambda x: tf1.train.get_global_step() < 100)
     calls, reasons = self._reasons(model_fn)
     self.assertEqual((1, []), (calls, reasons))
     features, labels = _data()
@@ -422,19 +429,8 @@ class FallbackTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_cond_on_each_towers_shard(self):
     # Each copy takes the branch its own shard asks for, as a tower built by
-    # its own model_fn call does.
-    def model_fn(features, labels, mode, params):
-      del params
-      logits = tf1.layers.dense(
-          features['x'], 1,
-          kernel_initializer=tf1.glorot_uniform_initializer(seed=1))
-      logits = tf1.cond(tf.reduce_mean(features['x']) > 0,
-                        lambda: logits, lambda: -2 * logits)
-      loss = tf1.losses.sigmoid_cross_entropy(labels, logits)
-      train_op = replicate.TowerOptimizer(
-          tf1.train.GradientDescentOptimizer(0.1)).minimize(loss)
-      return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
-
+    # its own model_fn call does (shards 0, 1 have a positive mean, 2, 3 not).
+    model_fn = self._cond_model_fn(lambda x: tf.reduce_mean(x) > 0)
     copied = _train(model_fn, mt.cpus(4), CLONE)
     per_tower = _train(model_fn, mt.cpus(4), PER_TOWER)
     for name in copied:
