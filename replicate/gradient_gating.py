@@ -14,9 +14,11 @@ towers' in one product (see `gradient_aggregation.py`), and it adds a `tuple`
 Towers therefore compute their gradients ungated and gate each *variable's*
 gradient instead: it depends on every op of the tower's gradient computation
 that reads that variable (except dead ends nothing consumes, such as the
-gradient of the model's input, which then is not computed at all). That is the race GATE_OP exists to prevent (no
-update of `W` while a backward op reads `W`), with one identity per variable
-that is read during back-propagation instead of a tuple per gradient op.
+gradient of the model's input, which then is not computed at all, and TF1
+control-flow ops, which run in a loop's frame). That is the race GATE_OP
+exists to prevent (no update of `W` while a backward op reads `W`), with one
+identity per variable that is read during back-propagation instead of a
+tuple per gradient op.
 
 The ungated gradients are returned alongside, as `RawGradient`s, so that the
 aggregation can compute a sum from a gradient's inputs and apply the same
@@ -30,7 +32,9 @@ from replicate._compat import tf1
 
 # Ops that read a variable without copying it: a reference variable's
 # snapshot (`Identity`) and a resource variable's `ReadVariableOp`.
-_READ_OP_TYPES = frozenset(['Identity', 'ReadVariableOp'])
+READ_OP_TYPES = frozenset(['Identity', 'ReadVariableOp'])
+# Ops that are a variable.
+VARIABLE_OP_TYPES = frozenset(['VariableV2', 'Variable', 'VarHandleOp'])
 # TF1 control flow brings a variable into a `tf.while_loop` or `tf.cond`
 # through these; the ops that read it inside run in the loop's frame, where
 # no op outside may wait for them. They need no gate either: a gradient
@@ -129,7 +133,7 @@ def _readers_by_variable_op(ops):
     seen = set()
     for tensor in op.inputs:
       source = tensor.op
-      if source.type in _READ_OP_TYPES and source.inputs:
+      if source.type in READ_OP_TYPES and source.inputs:
         variable_op = source.inputs[0].op
       else:
         variable_op = source
@@ -140,4 +144,4 @@ def _readers_by_variable_op(ops):
 
 
 def _is_variable_op(op):
-  return op.type in ('VariableV2', 'Variable', 'VarHandleOp')
+  return op.type in VARIABLE_OP_TYPES

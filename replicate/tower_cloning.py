@@ -41,7 +41,6 @@ from absl import logging
 import tensorflow as tf
 
 from replicate import gradient_gating
-from replicate import tower_copier
 from replicate._compat import tf1
 
 
@@ -214,7 +213,7 @@ def _reads_of(variable, ops):
       if tensor.op.name == variable_op:
         return None
       source = tensor.op
-      if (source.type in tower_copier.READ_OP_TYPES and source.inputs and
+      if (source.type in gradient_gating.READ_OP_TYPES and source.inputs and
           source.inputs[0].op.name == variable_op):
         reads.append(tensor)
   return reads

@@ -10,12 +10,10 @@ import tensorflow as tf
 
 from replicate import device_setter
 from replicate import device_util
+from replicate import gradient_gating
 from replicate import read_packing
 from replicate._compat import tf1
 
-_VARIABLE_OP_TYPES = frozenset(['VariableV2', 'Variable', 'VarHandleOp'])
-# A reference variable's snapshot, a resource variable's read.
-READ_OP_TYPES = frozenset(['Identity', 'ReadVariableOp'])
 _SEED2_STRIDE = 1000003  # a prime: seed2 + i * stride differs per tower
 
 
@@ -316,7 +314,7 @@ class TowerCloner(object):
     for op in window:
       op_type = op.type
       if op_type in device_setter.STATEFUL_OP_TYPES or (
-          op_type in READ_OP_TYPES and _is_plain_read(op)):
+          op_type in gradient_gating.READ_OP_TYPES and _is_plain_read(op)):
         shared.add(op.name)
     return shared
 
@@ -377,11 +375,13 @@ def _op_of(item):
 def _is_plain_read(op):
   """A read of a variable without control inputs: the same in every tower."""
   op_type = op.type
-  if op_type not in READ_OP_TYPES or op.control_inputs or len(op.inputs) != 1:
+  if (op_type not in gradient_gating.READ_OP_TYPES or op.control_inputs or
+      len(op.inputs) != 1):
     return False
   source = op.inputs[0]
   if op_type == 'Identity':
-    return source.op.type in _VARIABLE_OP_TYPES and source.dtype._is_ref_dtype  # pylint: disable=protected-access
+    return (source.op.type in gradient_gating.VARIABLE_OP_TYPES and
+            source.dtype._is_ref_dtype)  # pylint: disable=protected-access
   return source.op.type == 'VarHandleOp'
 
 
