@@ -39,6 +39,7 @@ import tensorflow as tf
 
 from replicate import device_util
 from replicate import gradient_gating
+from replicate import packing
 from replicate._compat import tf1
 
 # Gradients of at most this many bytes are packed; larger ones are summed
@@ -140,16 +141,14 @@ def _pack_group(grads, device, pack_max_bytes):
   first = grads[0]
   if isinstance(first, tf.IndexedSlices):
     return None
-  shape = first.shape
-  if shape.rank is None or shape.rank < 1 or not shape.is_fully_defined():
-    return None
-  if shape.num_elements() * first.dtype.size > pack_max_bytes:
+  key = packing.concat_group_key(first, device, pack_max_bytes)
+  if key is None:
     return None
   for grad in grads[1:]:
     if (isinstance(grad, tf.IndexedSlices) or grad.dtype != first.dtype or
-        not grad.shape.is_fully_defined() or grad.shape != shape):
+        not grad.shape.is_fully_defined() or grad.shape != first.shape):
       return None
-  return (device, first.dtype, tuple(shape.as_list()[1:]))
+  return key
 
 
 def _sum_packed(grads_per_var, device):

@@ -19,6 +19,30 @@ _Group = collections.namedtuple('_Group', ['positions', 'shapes', 'sizes'])
 _PackInfo = collections.namedtuple('_PackInfo', ['device_vars', 'plan'])
 
 
+def concat_group_key(tensor, device, max_bytes):
+  """The group a tensor is concatenated with along dimension 0, or None.
+
+  Tensors of one group -- same device, dtype and static shape after
+  dimension 0 -- concatenate along dimension 0 without any reshape, and
+  `tf.split` takes them apart again by aliasing the buffer.
+
+  Args:
+    tensor: a dense `Tensor`.
+    device: the device the concatenation would run on.
+    max_bytes: the largest tensor worth copying into a concatenation.
+
+  Returns:
+    `(device, dtype, shape[1:])`, or None when the static shape is not fully
+    known or of rank 0, or the tensor is larger than `max_bytes`.
+  """
+  shape = tensor.shape
+  if shape.rank is None or shape.rank < 1 or not shape.is_fully_defined():
+    return None
+  if shape.num_elements() * tensor.dtype.size > max_bytes:
+    return None
+  return (device, tensor.dtype, tuple(shape.as_list()[1:]))
+
+
 def _check_device_grads(device_grads):
   """Validates the `[[(grad, var), ...] per device]` structure."""
   if not isinstance(device_grads, (list, tuple)) or not device_grads:

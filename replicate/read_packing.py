@@ -21,6 +21,7 @@ import collections
 import tensorflow as tf
 
 from replicate import device_util
+from replicate import packing
 from replicate._compat import tf1
 
 # Reads of at most this many bytes are packed; a larger variable is worth
@@ -49,7 +50,9 @@ def tower_copies(reads, tower_devices, pack_max_bytes=None):
     pack_max_bytes = PACK_MAX_BYTES
   groups = collections.OrderedDict()
   for read, device in reads:
-    key = _group_key(read, device, pack_max_bytes)
+    if not device:
+      continue  # Placed by TF at run time: no device to pack on.
+    key = packing.concat_group_key(read, device, pack_max_bytes)
     if key is not None:
       groups.setdefault(key, []).append(read)
   copies = [{} for _ in tower_devices]
@@ -89,14 +92,3 @@ def unpack(packed, sizes, device):
   """The tensors `pack` concatenated, split on `device`."""
   with tf1.device(device):
     return tf.split(packed, sizes, axis=0, name='unpacked_reads')
-
-
-def _group_key(read, device, pack_max_bytes):
-  """(device, dtype, shape[1:]) of a packable read, else None."""
-  shape = read.shape
-  if (not device or shape.rank is None or shape.rank < 1 or
-      not shape.is_fully_defined()):
-    return None
-  if shape.num_elements() * read.dtype.size > pack_max_bytes:
-    return None
-  return (device, read.dtype, tuple(shape.as_list()[1:]))
