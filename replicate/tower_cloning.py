@@ -115,7 +115,9 @@ def clone_optimizer_call(replication, call_index):
     plans.append((grad, values if raw is None or gated else raw.tensor, raw,
                   gated))
     targets.extend(_gradient_targets(grad, replication.raw_gradients, gated))
-  cloner.clone(targets)
+  # The loss values are copied now too: the model's spec reports one of them
+  # as a rule, and a round of its own would cost another import.
+  cloner.clone(targets + replication.gradient_losses)
   replication.towers_cloned = True
   for tower_id in range(1, replication.num_towers):
     copied = []

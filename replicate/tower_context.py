@@ -102,6 +102,9 @@ class Replication(object):
       applies the gradients; else the last tower does).
     tower_context_requested: whether `model_fn` asked `get_tower_context()`
       which tower it builds.
+    gradient_losses: the losses tower 0 gave `TowerOptimizer`s while
+      `cloner` was set (copied with the gradients: the spec's loss is, as a
+      rule, one of them, and then needs no copying round of its own).
   """
 
   def __init__(self, graph, num_towers, loss_reduction):
@@ -113,6 +116,7 @@ class Replication(object):
     self.cloner = None
     self.towers_cloned = False
     self.tower_context_requested = False
+    self.gradient_losses = []
     self._calls = [[] for _ in range(num_towers)]
     self._raw_gradients = {}
 

@@ -51,7 +51,10 @@ class TowerCloner(object):
     self._prefixes = None
     self._device_cache = {}
     self._control_proxies = {}
+    # Tower-0 ops never copied, and those copied in earlier rounds
+    # (`Operation`s: their names are a call into TF's C API each time).
     self._shared = set()
+    self._copied = set()
     # Per tower, packed copies of variable reads (read_packing.py), by the
     # read's tensor name; and the reads already offered for packing.
     self._read_copies = [None] + [{} for _ in self._devices[1:]]
@@ -92,7 +95,7 @@ class TowerCloner(object):
     Args:
       ops: `Operation`s built in tower 0.
     """
-    self._shared.update(op.name for op in ops)
+    self._shared.update(ops)
 
   def clone(self, targets):
     """Copies onto towers 1..N-1 what `targets` need from tower 0.
@@ -101,7 +104,7 @@ class TowerCloner(object):
       targets: tower-0 `Tensor`s and `Operation`s.
     """
     window, todo, shared = self._cone(targets)
-    ops = [op for op in window if op.name in todo]  # creation order
+    ops = [op for op in window if op in todo]  # creation order
     if not ops:
       return
     if self._prefixes is None:
@@ -119,37 +122,36 @@ class TowerCloner(object):
     window, todo, shared = self._cone(targets)
     reads = {}
     for op in window:
-      if op.name in todo:
+      if op in todo:
         for tensor in op.inputs:
-          if tensor.op.name in shared and _is_plain_read(tensor.op):
+          if tensor.op in shared and _is_plain_read(tensor.op):
             reads[tensor.name] = tensor
     return list(reads.values())
 
   def _cone(self, targets):
-    """`(window, names to copy, shared names)` for copying `targets`.
+    """`(window, ops to copy, shared ops)` for copying `targets`.
 
-    The names to copy are the ops of tower 0 (the window) that `targets`
+    The ops to copy are the ops of tower 0 (the window) that `targets`
     depend on through data or control inputs, stopping at shared ops and at
-    ops copied before.
+    ops copied before. All three are of `Operation`s.
     """
     window = self._window()
-    in_window = set(op.name for op in window)
-    shared = self._shared_op_names(window)
+    in_window = set(window)
+    shared = self._shared_ops(window)
     todo = set()
     stack = [t if isinstance(t, tf1.Operation) else t.op for t in targets]
     while stack:
       op = stack.pop()
-      name = op.name
-      if (name in todo or name in shared or name not in in_window or
-          name in self._copies[1]):
+      if (op in todo or op in shared or op not in in_window or
+          op in self._copied):
         continue
-      todo.add(name)
+      todo.add(op)
       stack.extend(t.op for t in op.inputs)
       stack.extend(op.control_inputs)
     return window, todo, shared
 
   def _import(self, ops, todo, shared):
-    """Copies `ops` (names `todo`) onto every other tower: one import.
+    """Copies `ops` (the set `todo`) onto every other tower: one import.
 
     Every tower's copies go into one `GraphDef`, named `tower_<i>/<name>`.
     An input from outside `ops` is renamed the same way and mapped, per
@@ -162,15 +164,16 @@ class TowerCloner(object):
     external = {}  # input name in a NodeDef -> Tensor or Operation
     for op in ops:
       for tensor in op.inputs:
-        if tensor.op.name not in todo:
+        if tensor.op not in todo:
           external[_input_name(tensor)] = tensor
       for control in op.control_inputs:
-        if control.name not in todo:
+        if control not in todo:
           external['^' + control.name] = control
     self.copy_reads([t for t in external.values()
-                     if isinstance(t, tf.Tensor) and t.op.name in shared and
+                     if isinstance(t, tf.Tensor) and t.op in shared and
                      _is_plain_read(t.op)])
     node_defs = [op.node_def for op in ops]
+    todo_names = set(node_def.name for node_def in node_defs)
     devices = {}
     input_map = {}
     returned = []
@@ -199,7 +202,7 @@ class TowerCloner(object):
           # are never differentiated.)
           node.attr['frame_name'].s = prefix.encode() + node.attr[
               'frame_name'].s
-        _rename_colocation(node, prefix, todo)
+        _rename_colocation(node, prefix, todo_names)
         returned.append(node.name)
       for name, value in external.items():
         if name.startswith('^'):
@@ -211,6 +214,7 @@ class TowerCloner(object):
     with tf1.device(lambda op: devices.get(op.name, op.device)):
       imported = tf1.import_graph_def(
           graph_def, input_map=input_map, return_elements=returned, name='')
+    self._copied.update(ops)
     position = 0
     for tower_id in range(1, len(self._devices)):
       copies = self._copies[tower_id]
@@ -302,20 +306,20 @@ class TowerCloner(object):
     return self._graph.get_operations()[self._first_op_index:]
 
   def _window_items(self, key, window_ops):
-    names = set(op.name for op in window_ops)
+    window = set(window_ops)
     return [item for item in self._graph.get_collection(key)
-            if _op_of(item) is not None and _op_of(item).name in names]
+            if _op_of(item) in window]
 
-  def _shared_op_names(self, window):
+  def _shared_ops(self, window):
     """Ops of tower 0 that every tower uses as they are."""
     shared = set(self._shared)
-    shared.update(_op_of(item).name for item in self._window_items(
+    shared.update(_op_of(item) for item in self._window_items(
         tf1.GraphKeys.UPDATE_OPS, window))
     for op in window:
       op_type = op.type
       if op_type in device_setter.STATEFUL_OP_TYPES or (
           op_type in gradient_gating.READ_OP_TYPES and _is_plain_read(op)):
-        shared.add(op.name)
+        shared.add(op)
     return shared
 
   def _copy_device(self, op, node_def, tower_id, devices):

@@ -134,6 +134,8 @@ class TowerOptimizer(tf1.train.Optimizer):
       raise errors.InvalidArgumentError(
           'gate_gradients must be TowerOptimizer.GATE_NONE, GATE_OP or '
           'GATE_GRAPH, got {!r}.'.format(gate_gradients))
+    if replication.cloner is not None:
+      replication.gradient_losses.append(loss)
     scaled_loss = replication.scale_loss(loss)
     if gate_gradients == self.GATE_GRAPH:
       return optimizer.compute_gradients(scaled_loss, var_list=var_list,
