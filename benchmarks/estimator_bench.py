@@ -17,6 +17,11 @@ virtual CPU devices (global batch 256, TF 1.15):
                      MonitoredSession loop (TF 1.15's Estimator only accepts a
                      tf.distribute.Strategy as train_distribute)
   tf_mirrored_loop   tf.distribute.MirroredStrategy in the same loop
+  independent        not a replication: four unreplicated models, one per
+                     device, each training on its quarter of the batch and
+                     never exchanging a gradient. Nothing that runs one tower
+                     per device does less per step, so its examples/s is the
+                     ceiling of every configuration above on this machine.
 
 Models (synthetic in-memory data, `Dataset.from_tensors(...).repeat()`):
   wide  784-2048-2048-10 ReLU MLP, 10 classes (6 variables, 5.83 M parameters)
@@ -57,7 +62,8 @@ import bench_util
 GLOBAL_BATCH = 256
 CONFIGS = ('single', 'replicate', 'contrib', 'replicate@build=per_tower',
            'replicate@pack=0', 'replicate@fuse=off',
-           'tf_mirrored', 'replicate_mirrored', 'tf_mirrored_loop')
+           'tf_mirrored', 'replicate_mirrored', 'tf_mirrored_loop',
+           'independent')
 MODELS = ('wide', 'deep')
 CONFIG_LABELS = {
     'single': 'single device',
@@ -71,6 +77,7 @@ CONFIG_LABELS = {
     'replicate@pack=0': 'replicate.replicate_model_fn, packing off (A/B)',
     'replicate@fuse=off': 'replicate.replicate_model_fn, MatMul fusion off '
                           '(A/B)',
+    'independent': '4 independent towers, no gradient exchange (ceiling)',
 }
 # Configurations trained by a MonitoredSession loop instead of an Estimator:
 # TF 1.15's Estimator only takes a tf.distribute.Strategy as train_distribute,
@@ -237,6 +244,38 @@ def _apply_aggregation_variant(variant):
     raise ValueError('unknown aggregation variant {!r}'.format(variant))
 
 
+def _independent_towers_fn(tf, model, devices):
+  """The `independent` configuration's model_fn (see the module docstring).
+
+  Tower i builds the model in its own variable scope on `devices[i]`, with
+  its variables there too, and minimizes its own loss on its shard: the same
+  per-tower work as a replication (forward and backward on 1/N of the batch)
+  and none of its cross-device reads, gradient sums or shared update.
+  """
+  tf1 = tf.compat.v1
+
+  def model_fn(features, labels, mode):
+    num = len(devices)
+    feature_shards = tf.split(features, num)
+    label_shards = tf.split(labels, num)
+    losses = []
+    updates = []
+    for i, device in enumerate(devices):
+      scope = 'tower_{}'.format(i)
+      with tf1.device(device), tf1.variable_scope(scope):
+        logits = _logits(tf, model, feature_shards[i])
+        loss = tf1.losses.sparse_softmax_cross_entropy(label_shards[i], logits)
+        updates.append(tf1.train.GradientDescentOptimizer(0.01).minimize(
+            loss, var_list=tf1.trainable_variables(scope + '/')))
+      losses.append(loss)
+    with tf1.control_dependencies(updates):
+      train_op = tf1.assign_add(tf1.train.get_global_step(), 1)
+    return tf1.estimator.EstimatorSpec(
+        mode, loss=tf.add_n(losses) / num, train_op=train_op)
+
+  return model_fn
+
+
 def _wrapper_and_fn(tf, config, model, timings):
   """(optimizer wrapper, model_fn for the Estimator, train_distribute)."""
   devices = list(bench_util.DEVICES)
@@ -253,6 +292,9 @@ def _wrapper_and_fn(tf, config, model, timings):
   if config == 'tf_mirrored':
     model_fn, timed = _make_model_fn(tf, model, identity, timings)
     return timed(model_fn), tf.distribute.MirroredStrategy(devices=devices)
+  if config == 'independent':
+    _, timed = _make_model_fn(tf, model, identity, timings)
+    return timed(_independent_towers_fn(tf, model, devices)), None
   import replicate  # pylint: disable=g-import-not-at-top
   kwargs = {}
   if config == 'replicate@build=per_tower':
