@@ -18,10 +18,12 @@ virtual CPU devices (global batch 256, TF 1.15):
                      tf.distribute.Strategy as train_distribute)
   tf_mirrored_loop   tf.distribute.MirroredStrategy in the same loop
   independent        not a replication: four unreplicated models, one per
-                     device, each training on its quarter of the batch and
-                     never exchanging a gradient. Nothing that runs one tower
-                     per device does less per step, so its examples/s is the
-                     ceiling of every configuration above on this machine.
+                     device, each training on its quarter of the batch with
+                     its own variables and never exchanging a gradient. The
+                     towers' work of a replication with no reads across
+                     devices and no sums (it updates four times as many
+                     variables): the reference for what one tower per
+                     device can reach on this machine.
 
 Models (synthetic in-memory data, `Dataset.from_tensors(...).repeat()`):
   wide  784-2048-2048-10 ReLU MLP, 10 classes (6 variables, 5.83 M parameters)
@@ -77,7 +79,8 @@ CONFIG_LABELS = {
     'replicate@pack=0': 'replicate.replicate_model_fn, packing off (A/B)',
     'replicate@fuse=off': 'replicate.replicate_model_fn, MatMul fusion off '
                           '(A/B)',
-    'independent': '4 independent towers, no gradient exchange (ceiling)',
+    'independent': '4 independent models, one per device, no gradient '
+                   'exchange (reference)',
 }
 # Configurations trained by a MonitoredSession loop instead of an Estimator:
 # TF 1.15's Estimator only takes a tf.distribute.Strategy as train_distribute,
