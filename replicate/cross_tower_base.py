@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from replicate import device_util
 from replicate import errors
+from replicate import packed_reduction
 from replicate import reduce_util
 from replicate import values as values_lib
 from replicate.reduce_util import ReduceOp
@@ -252,7 +253,10 @@ class ReductionToOneDeviceCrossTowerOps(CrossTowerOps):
   """Reduces every value on one device, then copies it to the destinations.
 
   Works for any devices and for `IndexedSlices` (which are concatenated, not
-  densified).
+  densified). `batch_reduce` reduces small dense values of one dtype and
+  shape after dimension 0 in packs (packed_reduction.py): one concatenation
+  per device, one sum and one split per destination for up to 16 values,
+  with the same results as reducing them one by one.
   """
 
   def __init__(self, reduce_to_device=None, accumulation_fn=None):
@@ -289,3 +293,18 @@ class ReductionToOneDeviceCrossTowerOps(CrossTowerOps):
     reduced = reduce_on_device(list(per_device_value.values), reduce_op,
                                device, self._accumulation_fn)
     return mirror(reduced, destinations)
+
+  def _batch_reduce(self, reduce_op, value_destination_pairs):
+    # Small dense values go in packs (packed_reduction.py): bit-identical
+    # results from far fewer ops and transfers; the rest one by one.
+    packed = packed_reduction.batch_reduce_packed(
+        value_destination_pairs,
+        lambda tensors, device: reduce_on_device(
+            tensors, reduce_op, device, self._accumulation_fn),
+        self._reduce_to_device)
+    return [
+        result if result is not None else self._reduce(reduce_op, value,
+                                                       destinations)
+        for result, (value, destinations) in zip(packed,
+                                                 value_destination_pairs)
+    ]

@@ -1,0 +1,120 @@
+"""Reduction to one device of many small values, packed.
+
+Reducing each value on its own costs, for N devices and D destinations, one
+sum and N - 1 + D cross-device copies per value: for the 200 small gradients
+of a 100-layer model on 4 devices, 200 sums, ~600 transfers in and ~800
+copies out per step. Here the small dense values of a `batch_reduce` that
+share their devices, their destinations, their dtype and their shape after
+dimension 0 are reduced together: every device concatenates its values of a
+group (at most `PACK_MAX_GROUP` values, each of at most `PACK_MAX_BYTES`),
+the concatenations are summed once on the reduction device, and every
+destination splits the sum back along dimension 0 (the split aliases the
+buffer, nothing is copied). Element by element the sums are the same
+additions in the same order, so the results are bit-identical to reducing
+each value alone.
+
+Plain functions over per-device lists: the caller decides the reduction
+device; everything else runs on the devices the values and destinations
+name.
+"""
+import collections
+
+import tensorflow as tf
+
+from replicate import packing
+from replicate import values as values_lib
+
+# The largest value packed, and the most values per pack; 0 bytes turns
+# packing off. (The same trade-off as gradient_aggregation's packs: a large
+# tensor costs more to copy into a pack than its own transfers cost, and a
+# small pack is ready, and what waits for it runs, before the whole batch.)
+PACK_MAX_BYTES = 256 * 1024
+PACK_MAX_GROUP = 16
+
+
+def batch_reduce_packed(value_destination_pairs, reduce_fn, reduce_to_device):
+  """Reduces the packable values of a `batch_reduce` in packs.
+
+  Args:
+    value_destination_pairs: `(PerDevice, destinations)` pairs as validated
+      by `CrossTowerOps.batch_reduce`: each value's per-device entries are
+      tensors or `IndexedSlices`, destinations a list of device strings.
+    reduce_fn: `reduce_fn(tensors, device)` reduces a list of dense
+      tensors on `device` (sum or mean) and returns one tensor.
+    reduce_to_device: the device sums run on; None for the first
+      destination of each pair.
+
+  Returns:
+    A list as long as `value_destination_pairs`: a `Mirrored` for each value
+    reduced in a pack, None for each value left to the caller (sparse, too
+    large, of unknown shape, on one device only, or alone in its group).
+  """
+  groups = collections.OrderedDict()
+  for index, (value, destinations) in enumerate(value_destination_pairs):
+    key = _group_key(value, destinations,
+                     reduce_to_device or destinations[0])
+    if key is not None:
+      groups.setdefault(key, []).append(index)
+  results = [None] * len(value_destination_pairs)
+  for (devices, destinations, (device, _, _)), indices in groups.items():
+    for start in range(0, len(indices), PACK_MAX_GROUP):
+      chunk = indices[start:start + PACK_MAX_GROUP]
+      if len(chunk) < 2:
+        continue
+      reduced = _reduce_pack(
+          [value_destination_pairs[i][0].values for i in chunk], devices,
+          destinations, device, reduce_fn)
+      for index, mirrored in zip(chunk, reduced):
+        results[index] = mirrored
+  return results
+
+
+def _group_key(value, destinations, device):
+  """The pack group of one value, or None when it is reduced alone.
+
+  Packable: on at least two devices, every entry a dense tensor of one
+  dtype and one fully known shape of rank >= 1, at most `PACK_MAX_BYTES`.
+  """
+  tensors = value.values
+  if len(tensors) < 2 or any(
+      isinstance(t, tf.IndexedSlices) for t in tensors):
+    return None
+  key = packing.concat_group_key(tensors[0], device, PACK_MAX_BYTES)
+  if key is None:
+    return None
+  first = tensors[0]
+  if any(t.dtype != first.dtype or t.shape != first.shape
+         for t in tensors[1:]):
+    return None
+  return tuple(value.devices), tuple(destinations), key
+
+
+def _reduce_pack(per_value_tensors, devices, destinations, device, reduce_fn):
+  """Reduces one pack: a concat per device, one sum, a split per destination.
+
+  Args:
+    per_value_tensors: for each value of the pack, its tensors in the order
+      of `devices`.
+    devices: the devices the values live on.
+    destinations: where the results go.
+    device: where the sum runs.
+    reduce_fn: as in `batch_reduce_packed`.
+
+  Returns:
+    One `Mirrored` per value, with a tensor on each destination.
+  """
+  packs = []
+  for position, source in enumerate(devices):
+    with tf.device(source):
+      packs.append(tf.concat([tensors[position]
+                              for tensors in per_value_tensors], axis=0,
+                             name='packed_values'))
+  reduced = reduce_fn(packs, device)
+  sizes = [tensors[0].shape.as_list()[0] for tensors in per_value_tensors]
+  pieces = {}
+  for destination in destinations:
+    with tf.device(destination):
+      pieces[destination] = tf.split(reduced, sizes, axis=0,
+                                     name='unpacked_values')
+  return [values_lib.Mirrored({d: pieces[d][i] for d in destinations})
+          for i in range(len(per_value_tensors))]

@@ -1,0 +1,167 @@
+"""ReductionToOneDeviceCrossTowerOps.batch_reduce packs small values
+(replicate/packed_reduction.py): same results, fewer ops."""
+from unittest import mock
+
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+
+import replicate
+from replicate import device_util
+from replicate import packed_reduction
+from replicate import testing
+from replicate import values
+from replicate._compat import tf1
+from replicate.reduce_util import ReduceOp
+
+_DEVICES = testing.virtual_cpu_devices(4)
+_CANONICAL = [device_util.canonicalize(d) for d in _DEVICES]
+_DESTINATIONS = ['/cpu:1', '/cpu:2']
+
+
+def _session():
+  return tf1.Session(config=testing.virtual_cpu_config(4))
+
+
+def _per_device(arrays, devices=_DEVICES):
+  index = {}
+  for device, array in zip(devices, arrays):
+    with tf.device(device):
+      index[device] = tf.constant(array)
+  return values.PerDevice(index)
+
+
+def _mixed_arrays(rng):
+  """Per value, one array per device: what packs and what does not.
+
+  18 values of [4, 3] (one group: a pack of 16 and one of 2), 2 of [6]
+  (a pack of 2), a scalar (rank 0: alone) and a [300, 300] float32 value
+  (360 KB, above PACK_MAX_BYTES: alone). Small integers: every sum is exact.
+  """
+  shapes = [(4, 3)] * 18 + [(6,), (6,), (), (300, 300)]
+  return [[rng.randint(-8, 8, size=s).astype(np.float32) for _ in _DEVICES]
+          for s in shapes]
+
+
+def _count(graph, op_type):
+  return sum(op.type == op_type for op in graph.get_operations())
+
+
+class PackedBatchReduceTest(parameterized.TestCase, tf.test.TestCase):
+
+  @parameterized.product(reduce_op=[ReduceOp.SUM, ReduceOp.MEAN],
+                         reduce_to_device=[None, '/cpu:3'])
+  def test_same_results_as_one_by_one(self, reduce_op, reduce_to_device):
+    arrays = _mixed_arrays(np.random.RandomState(0))
+    ops = replicate.ReductionToOneDeviceCrossTowerOps(
+        reduce_to_device=reduce_to_device)
+    with tf.Graph().as_default():
+      inputs = [_per_device(a) for a in arrays]
+      # A sparse value in the batch is reduced on its own.
+      with tf.device(_DEVICES[0]):
+        sparse = tf.IndexedSlices(tf.constant([[1., 2.]]), tf.constant([1]),
+                                  tf.constant([3, 2]))
+      with tf.device(_DEVICES[1]):
+        dense = tf.constant([[0., 0.], [5., 5.], [1., 1.]])
+      sparse_value = values.PerDevice({_DEVICES[0]: sparse,
+                                       _DEVICES[1]: dense})
+      packed = ops.batch_reduce(
+          reduce_op, [(v, _DESTINATIONS) for v in inputs] +
+          [(sparse_value, _DESTINATIONS)])
+      alone = [ops.reduce(reduce_op, v, _DESTINATIONS) for v in inputs]
+      with _session() as sess:
+        got_packed, got_alone, got_sparse = sess.run((
+            [r.values for r in packed[:-1]], [r.values for r in alone],
+            tf.convert_to_tensor(packed[-1].values[0])))
+    for result in packed:
+      self.assertIsInstance(result, values.Mirrored)
+      self.assertEqual(result.devices, tuple(_CANONICAL[1:3]))
+      for device, tensor in zip(result.devices, result.values):
+        self.assertEqual(device_util.canonicalize(tensor.device), device)
+    count = len(_DEVICES)
+    for column, by_pack, by_value in zip(arrays, got_packed, got_alone):
+      # SUM = a0 + a1 + a2 + a3; MEAN = SUM / 4 (exact for these integers).
+      total = np.sum(np.stack(column), axis=0)
+      want = total / count if reduce_op == ReduceOp.MEAN else total
+      for on_destination, alone_value in zip(by_pack, by_value):
+        self.assertAllEqual(want, on_destination)
+        self.assertAllEqual(alone_value, on_destination)
+    # Rows of the sparse value: row 1 = [1, 2] + [5, 5], row 2 = [1, 1].
+    want_sparse = np.array([[0., 0.], [6., 7.], [1., 1.]])
+    if reduce_op == ReduceOp.MEAN:
+      want_sparse /= 2
+    self.assertAllEqual(want_sparse, got_sparse)
+
+  def test_ops_per_pack(self):
+    arrays = _mixed_arrays(np.random.RandomState(1))
+    graph = tf.Graph()
+    with graph.as_default():
+      inputs = [_per_device(a) for a in arrays]
+      before = len(graph.get_operations())
+      replicate.ReductionToOneDeviceCrossTowerOps().batch_reduce(
+          ReduceOp.SUM, [(v, _DESTINATIONS) for v in inputs])
+    new_ops = graph.get_operations()[before:]
+    by_type = {}
+    for op in new_ops:
+      by_type.setdefault(op.type, []).append(op)
+    # Packs: 16 + 2 values of [4, 3] and 2 of [6]: 3 packs, each a concat on
+    # each of the 4 devices, one add_n and a split on each of the 2
+    # destinations; the scalar and the large value: an add_n each, and an
+    # identity per destination.
+    self.assertLen(by_type['ConcatV2'], 3 * 4)
+    self.assertLen(by_type['AddN'], 3 + 2)
+    self.assertLen(by_type['SplitV'], 3 * 2)
+    self.assertLen(by_type['Identity'], 2 * 2)
+    self.assertEqual(
+        sorted(_CANONICAL * 3),
+        sorted(device_util.canonicalize(op.device)
+               for op in by_type['ConcatV2']))
+    # Sums run on the first destination; splits on each destination.
+    self.assertEqual({_CANONICAL[1]}, set(
+        device_util.canonicalize(op.device) for op in by_type['AddN']))
+    self.assertEqual(sorted(_CANONICAL[1:3] * 3), sorted(
+        device_util.canonicalize(op.device) for op in by_type['SplitV']))
+
+  def test_packing_off(self):
+    arrays = _mixed_arrays(np.random.RandomState(2))
+    graph = tf.Graph()
+    with graph.as_default(), mock.patch.object(packed_reduction,
+                                               'PACK_MAX_BYTES', 0):
+      inputs = [_per_device(a) for a in arrays]
+      replicate.ReductionToOneDeviceCrossTowerOps().batch_reduce(
+          ReduceOp.SUM, [(v, _DESTINATIONS) for v in inputs])
+    # One add_n per value (22), nothing concatenated.
+    self.assertEqual(22, _count(graph, 'AddN'))
+    self.assertEqual(0, _count(graph, 'ConcatV2'))
+
+  def test_groups_need_the_same_devices_destinations_and_dtype(self):
+    rng = np.random.RandomState(3)
+    graph = tf.Graph()
+    with graph.as_default():
+      def value(devices, dtype=np.float32):
+        return _per_device(
+            [rng.randint(-8, 8, size=(2, 2)).astype(dtype) for _ in devices],
+            devices)
+
+      pairs = [
+          (value(_DEVICES), _DESTINATIONS),
+          (value(_DEVICES[:2]), _DESTINATIONS),  # other source devices
+          (value(_DEVICES), ['/cpu:3']),  # other destinations
+          (value(_DEVICES, np.float64), _DESTINATIONS),  # other dtype
+          (value(_DEVICES), _DESTINATIONS),  # packs with the first
+      ]
+      results = replicate.ReductionToOneDeviceCrossTowerOps().batch_reduce(
+          ReduceOp.SUM, pairs)
+      with _session() as sess:
+        got = sess.run([r.values[0] for r in results])
+    # One pack (values 0 and 4); values 1, 2 and 3 alone: 4 add_n.
+    self.assertEqual(4, _count(graph, 'AddN'))
+    self.assertEqual(4, _count(graph, 'ConcatV2'))
+    with tf1.Session(graph=graph, config=testing.virtual_cpu_config(4)) as s:
+      want = s.run([tf.add_n(list(v.values)) for v, _ in pairs])
+    for w, g in zip(want, got):
+      self.assertAllEqual(w, g)
+
+
+if __name__ == '__main__':
+  tf.test.main()
