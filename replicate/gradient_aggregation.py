@@ -166,17 +166,13 @@ def _sum_packed(grads_per_var, device):
   if any(len(grads) != num_towers for grads in grads_per_var):
     # A variable without a gradient in some tower: sum it on its own.
     return [sum_on_device(grads, device) for grads in grads_per_var]
-  packs = []
-  for tower in range(num_towers):
-    tower_grads = [grads[tower] for grads in grads_per_var]
-    # On the tower's device: one tensor crosses to `device`, not one per
-    # variable.
-    with tf1.device(tower_grads[0].device):
-      packs.append(tf.concat(tower_grads, axis=0, name='packed_gradients'))
-  with tf1.device(device):
-    total = tf.math.add_n(packs, name='packed_sum')
-    sizes = [grads[0].shape.as_list()[0] for grads in grads_per_var]
-    return tf.split(total, sizes, axis=0, name='unpacked_sum')
+  # Each tower concatenates on its own device: one tensor crosses to
+  # `device`, not one per variable.
+  towers = [grads_per_var[0][tower].device for tower in range(num_towers)]
+  return packing.reduce_concatenated(
+      grads_per_var, towers,
+      lambda packs: sum_on_device(packs, device, name='packed_sum'),
+      [device])[0]
 
 
 def _fusable_matmul_gradients(grads, var, raw_gradients, fuse_min_bytes):

@@ -103,18 +103,9 @@ def _reduce_pack(per_value_tensors, devices, destinations, device, reduce_fn):
   Returns:
     One `Mirrored` per value, with a tensor on each destination.
   """
-  packs = []
-  for position, source in enumerate(devices):
-    with tf.device(source):
-      packs.append(tf.concat([tensors[position]
-                              for tensors in per_value_tensors], axis=0,
-                             name='packed_values'))
-  reduced = reduce_fn(packs, device)
-  sizes = [tensors[0].shape.as_list()[0] for tensors in per_value_tensors]
-  pieces = {}
-  for destination in destinations:
-    with tf.device(destination):
-      pieces[destination] = tf.split(reduced, sizes, axis=0,
-                                     name='unpacked_values')
-  return [values_lib.Mirrored({d: pieces[d][i] for d in destinations})
+  pieces = packing.reduce_concatenated(
+      per_value_tensors, devices, lambda packs: reduce_fn(packs, device),
+      destinations)
+  by_destination = list(zip(destinations, pieces))
+  return [values_lib.Mirrored({d: on_d[i] for d, on_d in by_destination})
           for i in range(len(per_value_tensors))]

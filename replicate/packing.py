@@ -43,6 +43,40 @@ def concat_group_key(tensor, device, max_bytes):
   return (device, tensor.dtype, tuple(shape.as_list()[1:]))
 
 
+def reduce_concatenated(per_value_tensors, sources, reduce_fn, destinations):
+  """Reduces values packed along dimension 0: the core of every small pack.
+
+  Each source device concatenates its tensor of every value (one group of
+  `concat_group_key`), `reduce_fn` combines the concatenations into one
+  tensor, and each destination splits it back (aliasing the buffer).
+
+  Args:
+    per_value_tensors: for each value, its tensors in the order of
+      `sources`; one dtype, one static shape after dimension 0, dimension 0
+      known.
+    sources: the device each position's concatenation runs on.
+    reduce_fn: takes the list of concatenations and returns one tensor,
+      placed where it chooses.
+    destinations: the devices the result is split on.
+
+  Returns:
+    For each destination, the list of the values' reduced tensors.
+  """
+  packs = []
+  for position, source in enumerate(sources):
+    with tf.device(source):
+      packs.append(tf.concat([tensors[position]
+                              for tensors in per_value_tensors], axis=0,
+                             name='packed'))
+  reduced = reduce_fn(packs)
+  sizes = [tensors[0].shape.as_list()[0] for tensors in per_value_tensors]
+  pieces = []
+  for destination in destinations:
+    with tf.device(destination):
+      pieces.append(tf.split(reduced, sizes, axis=0, name='unpacked'))
+  return pieces
+
+
 def _check_device_grads(device_grads):
   """Validates the `[[(grad, var), ...] per device]` structure."""
   if not isinstance(device_grads, (list, tuple)) or not device_grads:
