@@ -172,7 +172,7 @@ def _sum_packed(grads_per_var, device):
   return packing.reduce_concatenated(
       grads_per_var, towers,
       lambda packs: sum_on_device(packs, device, name='packed_sum'),
-      [device])[0]
+      [device], name='packed_gradients')[0]
 
 
 def _fusable_matmul_gradients(grads, var, raw_gradients, fuse_min_bytes):

@@ -105,7 +105,7 @@ def _reduce_pack(per_value_tensors, devices, destinations, device, reduce_fn):
   """
   pieces = packing.reduce_concatenated(
       per_value_tensors, devices, lambda packs: reduce_fn(packs, device),
-      destinations)
+      destinations, name='packed_values')
   by_destination = list(zip(destinations, pieces))
   return [values_lib.Mirrored({d: on_d[i] for d, on_d in by_destination})
           for i in range(len(per_value_tensors))]

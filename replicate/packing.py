@@ -43,7 +43,8 @@ def concat_group_key(tensor, device, max_bytes):
   return (device, tensor.dtype, tuple(shape.as_list()[1:]))
 
 
-def reduce_concatenated(per_value_tensors, sources, reduce_fn, destinations):
+def reduce_concatenated(per_value_tensors, sources, reduce_fn, destinations,
+                        name='packed'):
   """Reduces values packed along dimension 0: the core of every small pack.
 
   Each source device concatenates its tensor of every value (one group of
@@ -58,6 +59,7 @@ def reduce_concatenated(per_value_tensors, sources, reduce_fn, destinations):
     reduce_fn: takes the list of concatenations and returns one tensor,
       placed where it chooses.
     destinations: the devices the result is split on.
+    name: the name of the concatenations (the splits are 'un' + name).
 
   Returns:
     For each destination, the list of the values' reduced tensors.
@@ -67,13 +69,13 @@ def reduce_concatenated(per_value_tensors, sources, reduce_fn, destinations):
     with tf.device(source):
       packs.append(tf.concat([tensors[position]
                               for tensors in per_value_tensors], axis=0,
-                             name='packed'))
+                             name=name))
   reduced = reduce_fn(packs)
   sizes = [tensors[0].shape.as_list()[0] for tensors in per_value_tensors]
   pieces = []
   for destination in destinations:
     with tf.device(destination):
-      pieces.append(tf.split(reduced, sizes, axis=0, name='unpacked'))
+      pieces.append(tf.split(reduced, sizes, axis=0, name='un' + name))
   return pieces
 
 

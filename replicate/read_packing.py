@@ -18,11 +18,8 @@ real transfer.
 """
 import collections
 
-import tensorflow as tf
-
 from replicate import device_util
 from replicate import packing
-from replicate._compat import tf1
 
 # Reads of at most this many bytes are packed; a larger variable is worth
 # its own transfer more than a copy into a pack.
@@ -65,30 +62,13 @@ def tower_copies(reads, tower_devices, pack_max_bytes=None):
     ]
     if len(members) < 2 or not receivers:
       continue
-    packed, sizes = pack(members, device)
-    for tower_id in receivers:
-      parts = unpack(packed, sizes, tower_devices[tower_id])
+    # One concatenation on the variables' device, nothing to reduce, a
+    # split on each receiving tower.
+    pieces = packing.reduce_concatenated(
+        [[read] for read in members], [device], lambda packs: packs[0],
+        [tower_devices[tower_id] for tower_id in receivers],
+        name='packed_reads')
+    for tower_id, parts in zip(receivers, pieces):
       copies[tower_id].update(
           (read.name, part) for read, part in zip(members, parts))
   return copies
-
-
-def pack(tensors, device):
-  """Concatenates `tensors` along dimension 0 on `device`.
-
-  Args:
-    tensors: tensors of one dtype and one static shape after dimension 0.
-    device: where the concatenation runs.
-
-  Returns:
-    `(packed, sizes)`: the pack, and what `unpack` needs to take it apart.
-  """
-  sizes = [t.shape.as_list()[0] for t in tensors]
-  with tf1.device(device):
-    return tf.concat(tensors, axis=0, name='packed_reads'), sizes
-
-
-def unpack(packed, sizes, device):
-  """The tensors `pack` concatenated, split on `device`."""
-  with tf1.device(device):
-    return tf.split(packed, sizes, axis=0, name='unpacked_reads')
