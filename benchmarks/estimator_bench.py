@@ -218,7 +218,8 @@ def _apply_aggregation_variant(variant):
   """Patches replicate.gradient_aggregation for an A/B experiment.
 
   Variants: `pack=<bytes>` sets the packing threshold (`pack=0`: one add_n
-  per variable, the behaviour before packing); `group=<n>` the largest pack;
+  per variable, the behaviour before packing); `group=<n>` the largest pack
+  (`small=<bytes>`: beyond `small` bytes);
   `fuse=off` sums MatMul gradients instead of fusing them (`fuse=<bytes>`:
   the smallest fused gradient).
   """
@@ -228,6 +229,10 @@ def _apply_aggregation_variant(variant):
     gradient_aggregation.PACK_MAX_BYTES = int(value)
   elif name == 'group':
     gradient_aggregation.PACK_MAX_GROUP = int(value)
+  elif name == 'small':
+    # `small=0`: every pack holds at most PACK_MAX_GROUP variables, however
+    # small (the behaviour before PACK_SMALL_BYTES).
+    gradient_aggregation.PACK_SMALL_BYTES = int(value)
   elif name == 'fuse':
     # `fuse=off`: sum MatMul gradients per tower (no fused product);
     # `fuse=<bytes>`: the smallest fused gradient.

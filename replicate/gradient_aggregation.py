@@ -48,8 +48,13 @@ from replicate._compat import tf1
 PACK_MAX_BYTES = 256 * 1024
 # At most this many variables per pack: smaller packs are ready (and their
 # updates can run) while the towers still back-propagate through earlier
-# layers, instead of every update waiting for the whole backward pass.
+# layers, instead of every update waiting for the whole backward pass...
 PACK_MAX_GROUP = 16
+# ...unless the pack stays within this many bytes per tower: tiny gradients
+# (biases) share one pack whatever their number, since another pack's
+# concats, transfers, sum and splits cost more than waiting for them
+# (packing.pack_chunks).
+PACK_SMALL_BYTES = 64 * 1024
 # `MatMul` gradients of at least this many bytes are fused (see above) where
 # the devices allow it.
 FUSE_MIN_BYTES = 256 * 1024
@@ -66,8 +71,9 @@ def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None,
     pack_max_bytes: dense gradients of at most this many bytes, with a fully
       known static shape of rank >= 1 in every tower, are packed per tower
       (grouped by variable device, dtype and shape after dimension 0, at
-      most `PACK_MAX_GROUP` variables per pack) and summed with one `add_n`
-      per pack; 0 disables packing; None means `PACK_MAX_BYTES`.
+      most `PACK_MAX_GROUP` variables per pack unless the pack stays within
+      `PACK_SMALL_BYTES`) and summed with one `add_n` per pack; 0 disables
+      packing; None means `PACK_MAX_BYTES`.
     raw_gradients: optional dict from gradient tensor names (as given in
       `tower_grads_and_vars`) to the `gradient_gating.RawGradient` they gate.
       A variable whose tower gradients all map to `MatMul` outputs of at
@@ -111,8 +117,11 @@ def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None,
     else:
       groups.setdefault(group, []).append(key)
   for (device, _, _), group_keys in groups.items():
-    for start in range(0, len(group_keys), PACK_MAX_GROUP):
-      keys = group_keys[start:start + PACK_MAX_GROUP]
+    chunks = packing.pack_chunks(
+        [_num_bytes(grads_by_var[key][0]) for key in group_keys],
+        PACK_MAX_GROUP, PACK_SMALL_BYTES)
+    for chunk in chunks:
+      keys = [group_keys[index] for index in chunk]
       if len(keys) == 1:
         summed[keys[0]] = sum_on_device(grads_by_var[keys[0]], device)
         continue
@@ -120,6 +129,10 @@ def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None,
           [grads_by_var[key] for key in keys], device)):
         summed[key] = total
   return [(summed[key], variables[key]) for key in grads_by_var]
+
+
+def _num_bytes(tensor):
+  return tensor.shape.num_elements() * tensor.dtype.size
 
 
 def _variable_key(var):

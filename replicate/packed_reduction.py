@@ -6,7 +6,8 @@ of a 100-layer model on 4 devices, 200 sums, ~600 transfers in and ~800
 copies out per step. Here the small dense values of a `batch_reduce` that
 share their devices, their destinations, their dtype and their shape after
 dimension 0 are reduced together: every device concatenates its values of a
-group (at most `PACK_MAX_GROUP` values, each of at most `PACK_MAX_BYTES`),
+group (each of at most `PACK_MAX_BYTES`; at most `PACK_MAX_GROUP` values
+to a pack unless it stays within `PACK_SMALL_BYTES`),
 the concatenations are summed once on the reduction device, and every
 destination splits the sum back along dimension 0 (the split aliases the
 buffer, nothing is copied). Element by element the sums are the same
@@ -30,6 +31,9 @@ from replicate import values as values_lib
 # small pack is ready, and what waits for it runs, before the whole batch.)
 PACK_MAX_BYTES = 256 * 1024
 PACK_MAX_GROUP = 16
+# A pack of at most this many bytes (per device) takes any number of values:
+# tiny values cost less to copy than another pack's ops (packing.pack_chunks).
+PACK_SMALL_BYTES = 64 * 1024
 
 
 def batch_reduce_packed(value_destination_pairs, reduce_fn, reduce_to_device):
@@ -57,8 +61,13 @@ def batch_reduce_packed(value_destination_pairs, reduce_fn, reduce_to_device):
       groups.setdefault(key, []).append(index)
   results = [None] * len(value_destination_pairs)
   for (devices, destinations, (device, _, _)), indices in groups.items():
-    for start in range(0, len(indices), PACK_MAX_GROUP):
-      chunk = indices[start:start + PACK_MAX_GROUP]
+    sizes = []
+    for index in indices:
+      first = value_destination_pairs[index][0].values[0]
+      sizes.append(first.shape.num_elements() * first.dtype.size)
+    for positions in packing.pack_chunks(sizes, PACK_MAX_GROUP,
+                                         PACK_SMALL_BYTES):
+      chunk = [indices[position] for position in positions]
       if len(chunk) < 2:
         continue
       reduced = _reduce_pack(

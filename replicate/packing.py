@@ -43,6 +43,41 @@ def concat_group_key(tensor, device, max_bytes):
   return (device, tensor.dtype, tuple(shape.as_list()[1:]))
 
 
+def pack_chunks(sizes, max_count, small_bytes):
+  """Splits one packing group into packs, keeping the group's order.
+
+  A pack takes values until it holds `max_count` of them, and beyond that
+  for as long as it stays within `small_bytes`. Tiny values (the biases of a
+  deep model) thus share one pack whatever their number: copying a few KB
+  costs less than the concat, transfer, sum and split per device that
+  another pack adds. Larger values come `max_count` to a pack, so that a
+  pack is ready, and what waits for it runs, while the rest of the group is
+  still being computed.
+
+  Args:
+    sizes: the size in bytes of each value of the group, in order.
+    max_count: the most values of a pack beyond `small_bytes`; >= 1.
+    small_bytes: a pack of at most this many bytes takes any number of
+      values; 0 caps every pack at `max_count`.
+
+  Returns:
+    A list of packs, each a list of indices into `sizes`, in order.
+  """
+  packs = []
+  current = []
+  current_bytes = 0
+  for index, size in enumerate(sizes):
+    if (current and len(current) >= max_count and
+        current_bytes + size > small_bytes):
+      packs.append(current)
+      current, current_bytes = [], 0
+    current.append(index)
+    current_bytes += size
+  if current:
+    packs.append(current)
+  return packs
+
+
 def reduce_concatenated(per_value_tensors, sources, reduce_fn, destinations,
                         name='packed'):
   """Reduces values packed along dimension 0: the core of every small pack.

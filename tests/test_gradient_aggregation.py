@@ -1,4 +1,7 @@
 """Tests for replicate.gradient_aggregation (packed and per-variable sums)."""
+import collections
+from unittest import mock
+
 from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
@@ -70,6 +73,32 @@ class PackedSumTest(tf.test.TestCase, parameterized.TestCase):
       self.assertAllEqual(exact_plain[i], ordered)
       self.assertAllClose(got_packed[i], ordered, rtol=1e-6, atol=1e-6)
       self.assertAllClose(got_plain[i], ordered, rtol=1e-6, atol=1e-6)
+
+  @parameterized.named_parameters(
+      # 20 kernels of 64 x 64 floats (16 KB): 16 of them exceed
+      # PACK_SMALL_BYTES (64 KB), so a pack of 16 and one of 4; the 20 biases
+      # (256 bytes each, 5 KB in all) share one pack. 3 packs.
+      ('small_packs_grow', 64 * 1024, 3),
+      # Without the small-pack rule the biases come 16 + 4 too: 4 packs.
+      ('count_only', 0, 4),
+  )
+  def test_packs_per_group(self, small_bytes, num_packs):
+    graph = tf.Graph()
+    with graph.as_default(), mock.patch.object(
+        gradient_aggregation, 'PACK_SMALL_BYTES', small_bytes):
+      tower_grads, values, _ = _tower_grads([(64, 64), (64,)] * 20, 4)
+      summed = gradient_aggregation.sum_gradients_by_variable(tower_grads)
+      with tf1.Session(
+          config=replicate.testing.virtual_cpu_config(4)) as sess:
+        sess.run(tf1.global_variables_initializer())
+        got = sess.run([g for g, _ in summed])
+    by_type = collections.Counter(op.type for op in graph.get_operations())
+    # A concat per tower and pack, one add_n and one split per pack.
+    self.assertEqual(4 * num_packs, by_type['ConcatV2'])
+    self.assertEqual(num_packs, by_type['AddN'])
+    self.assertEqual(num_packs, by_type['SplitV'])
+    for i, total in enumerate(got):
+      self.assertAllClose(sum(tower[i] for tower in values), total)
 
   def test_placement_pack_on_tower_sum_on_variable_device(self):
     with tf.Graph().as_default():

@@ -34,11 +34,12 @@ def _per_device(arrays, devices=_DEVICES):
 def _mixed_arrays(rng):
   """Per value, one array per device: what packs and what does not.
 
-  18 values of [4, 3] (one group: a pack of 16 and one of 2), 2 of [6]
-  (a pack of 2), a scalar (rank 0: alone) and a [300, 300] float32 value
+  18 values of [64, 64] (16 KB each: one group, a pack of 16 and one of 2,
+  since 16 of them exceed PACK_SMALL_BYTES), 20 of [6] (480 bytes in all:
+  one pack), a scalar (rank 0: alone) and a [300, 300] float32 value
   (360 KB, above PACK_MAX_BYTES: alone). Small integers: every sum is exact.
   """
-  shapes = [(4, 3)] * 18 + [(6,), (6,), (), (300, 300)]
+  shapes = [(64, 64)] * 18 + [(6,)] * 20 + [(), (300, 300)]
   return [[rng.randint(-8, 8, size=s).astype(np.float32) for _ in _DEVICES]
           for s in shapes]
 
@@ -104,7 +105,7 @@ class PackedBatchReduceTest(parameterized.TestCase, tf.test.TestCase):
     by_type = {}
     for op in new_ops:
       by_type.setdefault(op.type, []).append(op)
-    # Packs: 16 + 2 values of [4, 3] and 2 of [6]: 3 packs, each a concat on
+    # Packs: 16 + 2 values of [64, 64] and 20 of [6]: 3 packs, each a concat on
     # each of the 4 devices, one add_n and a split on each of the 2
     # destinations; the scalar and the large value: an add_n each, and an
     # identity per destination.
@@ -130,8 +131,8 @@ class PackedBatchReduceTest(parameterized.TestCase, tf.test.TestCase):
       inputs = [_per_device(a) for a in arrays]
       replicate.ReductionToOneDeviceCrossTowerOps().batch_reduce(
           ReduceOp.SUM, [(v, _DESTINATIONS) for v in inputs])
-    # One add_n per value (22), nothing concatenated.
-    self.assertEqual(22, _count(graph, 'AddN'))
+    # One add_n per value (40), nothing concatenated.
+    self.assertEqual(40, _count(graph, 'AddN'))
     self.assertEqual(0, _count(graph, 'ConcatV2'))
 
   def test_groups_need_the_same_devices_destinations_and_dtype(self):

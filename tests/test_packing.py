@@ -111,5 +111,32 @@ class PackingTest(parameterized.TestCase, tf.test.TestCase):
         packer.pack([[(sparse, None)]])
 
 
+class PackChunksTest(parameterized.TestCase, tf.test.TestCase):
+  """packing.pack_chunks: at most max_count values a pack, unless small."""
+
+  @parameterized.named_parameters(
+      # 100 biases of 64 floats (256 bytes): 25.6 KB in all, one pack.
+      ('tiny', [256] * 100, 16, 65536, [list(range(100))]),
+      # 100 kernels of 64 x 64 floats (16 KB): 16 already exceed 64 KB, so
+      # packs of 16: six of them and one of the last 4.
+      ('kernels', [16384] * 100, 16, 65536,
+       [list(range(i, min(i + 16, 100))) for i in range(0, 100, 16)]),
+      # 1000 bytes each: a pack grows past 16 while it stays within 65536
+      # bytes, i.e. to 65 values (65000); the 66th would make 66000.
+      ('grows_to_small_bytes', [1000] * 100, 16, 65536,
+       [list(range(65)), list(range(65, 100))]),
+      # small_bytes 0: exactly max_count per pack.
+      ('count_only', [1] * 5, 2, 0, [[0, 1], [2, 3], [4]]),
+      # Mixed: 40000 + 40000 > 65536, so with max_count 1 every large value
+      # starts a pack; the two tiny ones join the pack before them
+      # (40000 + 100 + 100 <= 65536).
+      ('mixed', [40000, 100, 100, 40000, 40000], 1, 65536,
+       [[0, 1, 2], [3], [4]]),
+      ('empty', [], 16, 65536, []),
+  )
+  def test_chunks(self, sizes, max_count, small_bytes, want):
+    self.assertEqual(want, packing.pack_chunks(sizes, max_count, small_bytes))
+
+
 if __name__ == '__main__':
   tf.test.main()
