@@ -118,7 +118,7 @@ def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None,
       groups.setdefault(group, []).append(key)
   for (device, _, _), group_keys in groups.items():
     chunks = packing.pack_chunks(
-        [_num_bytes(grads_by_var[key][0]) for key in group_keys],
+        [packing.num_bytes(grads_by_var[key][0]) for key in group_keys],
         PACK_MAX_GROUP, PACK_SMALL_BYTES)
     for chunk in chunks:
       keys = [group_keys[index] for index in chunk]
@@ -129,10 +129,6 @@ def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None,
           [grads_by_var[key] for key in keys], device)):
         summed[key] = total
   return [(summed[key], variables[key]) for key in grads_by_var]
-
-
-def _num_bytes(tensor):
-  return tensor.shape.num_elements() * tensor.dtype.size
 
 
 def _variable_key(var):
@@ -210,7 +206,7 @@ def _fusable_matmul_gradients(grads, var, raw_gradients, fuse_min_bytes):
   shape = first.shape
   if not shape.is_fully_defined():
     return None
-  if shape.num_elements() * first.dtype.size < fuse_min_bytes:
+  if packing.num_bytes(first) < fuse_min_bytes:
     return None
   attrs = _transposes(first.op)
   for raw in raws[1:]:

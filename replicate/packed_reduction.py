@@ -61,10 +61,8 @@ def batch_reduce_packed(value_destination_pairs, reduce_fn, reduce_to_device):
       groups.setdefault(key, []).append(index)
   results = [None] * len(value_destination_pairs)
   for (devices, destinations, (device, _, _)), indices in groups.items():
-    sizes = []
-    for index in indices:
-      first = value_destination_pairs[index][0].values[0]
-      sizes.append(first.shape.num_elements() * first.dtype.size)
+    sizes = [packing.num_bytes(value_destination_pairs[index][0].values[0])
+             for index in indices]
     for positions in packing.pack_chunks(sizes, PACK_MAX_GROUP,
                                          PACK_SMALL_BYTES):
       chunk = [indices[position] for position in positions]

@@ -38,9 +38,14 @@ def concat_group_key(tensor, device, max_bytes):
   shape = tensor.shape
   if shape.rank is None or shape.rank < 1 or not shape.is_fully_defined():
     return None
-  if shape.num_elements() * tensor.dtype.size > max_bytes:
+  if num_bytes(tensor) > max_bytes:
     return None
   return (device, tensor.dtype, tuple(shape.as_list()[1:]))
+
+
+def num_bytes(tensor):
+  """The size of a tensor of fully known static shape, in bytes."""
+  return tensor.shape.num_elements() * tensor.dtype.size
 
 
 def pack_chunks(sizes, max_count, small_bytes):
@@ -62,7 +67,18 @@ def pack_chunks(sizes, max_count, small_bytes):
 
   Returns:
     A list of packs, each a list of indices into `sizes`, in order.
+
+  Raises:
+    ValueError: if `max_count` is not an int >= 1 or `small_bytes` is
+      negative.
   """
+  if isinstance(max_count, bool) or not isinstance(max_count, int) or (
+      max_count < 1):
+    raise ValueError('max_count must be an int >= 1, got {!r}.'.format(
+        max_count))
+  if small_bytes < 0:
+    raise ValueError('small_bytes must be >= 0 (0: at most max_count values '
+                     'a pack), got {!r}.'.format(small_bytes))
   packs = []
   current = []
   current_bytes = 0

@@ -137,6 +137,15 @@ class PackChunksTest(parameterized.TestCase, tf.test.TestCase):
   def test_chunks(self, sizes, max_count, small_bytes, want):
     self.assertEqual(want, packing.pack_chunks(sizes, max_count, small_bytes))
 
+  @parameterized.named_parameters(
+      ('zero_count', 0, 100, 'max_count must be an int >= 1, got 0'),
+      ('float_count', 2.0, 100, 'max_count must be an int >= 1, got 2.0'),
+      ('negative_bytes', 4, -1, 'small_bytes must be >= 0'),
+  )
+  def test_bad_arguments(self, max_count, small_bytes, message):
+    with self.assertRaisesRegex(ValueError, message):
+      packing.pack_chunks([1, 2], max_count, small_bytes)
+
 
 if __name__ == '__main__':
   tf.test.main()
