@@ -255,8 +255,8 @@ class ReductionToOneDeviceCrossTowerOps(CrossTowerOps):
   Works for any devices and for `IndexedSlices` (which are concatenated, not
   densified). `batch_reduce` reduces small dense values of one dtype and
   shape after dimension 0 in packs (packed_reduction.py): one concatenation
-  per device, one sum and one split per destination for up to 16 values,
-  with the same results as reducing them one by one.
+  per device, one sum and one split per destination for up to 16 values (any
+  number of tiny ones), with the same results as reducing them one by one.
   """
 
   def __init__(self, reduce_to_device=None, accumulation_fn=None):
