@@ -87,6 +87,11 @@ def device_type_of(device):
   return tf1.DeviceSpec.from_string(canonicalize(device)).device_type
 
 
+def is_cpu(device):
+  """Whether a device string names a CPU (an empty string: unknown, False)."""
+  return bool(device) and device_type_of(device) == 'CPU'
+
+
 def resolve(device):
   """The device a tensor, variable or op was placed on, canonicalized.
 

@@ -46,15 +46,11 @@ def cpu_tower_gradients(graph, device, enabled=True):
   Yields:
     Nothing.
   """
-  if not enabled or not _is_cpu(device):
+  if not enabled or not device_util.is_cpu(device):
     yield
     return
   with graph.gradient_override_map({'MatMul': GRADIENT_NAME}):
     yield
-
-
-def _is_cpu(device):
-  return bool(device) and device_util.device_type_of(device) == 'CPU'
 
 
 @tf1.RegisterGradient(GRADIENT_NAME)
@@ -84,7 +80,7 @@ def _matmul_gradient(op, grad):
 
 def _transpose_free(op, weight, grad):
   """Whether `(W . dy^T)^T` is worth it: on CPU, a large W, a smaller dy."""
-  if not _is_cpu(op.device):
+  if not device_util.is_cpu(op.device):
     return False
   if not weight.dtype.is_floating:
     return False

@@ -11,8 +11,10 @@ gradient, so they run where the gradients are.
 """
 import collections
 
+import numpy as np
 import tensorflow as tf
 
+from replicate import device_util
 from replicate import errors
 
 _Group = collections.namedtuple('_Group', ['positions', 'shapes', 'sizes'])
@@ -94,12 +96,47 @@ def pack_chunks(sizes, max_count, small_bytes):
   return packs
 
 
+def concat_rows(tensors, device, name='packed'):
+  """`tf.concat(tensors, axis=0)` on `device`, copied by one thread on CPUs.
+
+  TF's `ConcatV2` kernel splits a copy of 4096 elements or more over the
+  intra-op thread pool: it wakes a helper thread and waits for it. Between
+  towers that already keep every core busy that hand-off buys nothing and
+  costs a futex wake, a wait and often a preemption per pack (deep model, 4
+  CPU towers on 2 cores: ~240 futex calls and ~45 involuntary context
+  switches per step with `ConcatV2` packs, ~110 and ~10 with this). On CPU
+  devices the rows are therefore placed by a `DynamicStitch`, whose CPU
+  kernel copies them on the calling thread; its indices are one constant
+  `range` split per value, which Grappler folds. Other devices, and a single
+  tensor, get `tf.concat`.
+
+  Args:
+    tensors: dense tensors of one dtype and one static shape after
+      dimension 0, dimension 0 known.
+    device: the device the concatenation runs on.
+    name: the name of the concatenation.
+
+  Returns:
+    The concatenation, of static shape `[sum of dimensions 0] + shape[1:]`.
+  """
+  with tf.device(device):
+    if len(tensors) < 2 or not device_util.is_cpu(device):
+      return tf.concat(tensors, axis=0, name=name)
+    sizes = [t.shape.as_list()[0] for t in tensors]
+    rows = tf.constant(np.arange(sum(sizes), dtype=np.int32),
+                       name=name + '_rows')
+    packed = tf.dynamic_stitch(tf.split(rows, sizes, axis=0), tensors,
+                               name=name)
+    packed.set_shape([sum(sizes)] + tensors[0].shape.as_list()[1:])
+    return packed
+
+
 def reduce_concatenated(per_value_tensors, sources, reduce_fn, destinations,
                         name='packed'):
   """Reduces values packed along dimension 0: the core of every small pack.
 
   Each source device concatenates its tensor of every value (one group of
-  `concat_group_key`), `reduce_fn` combines the concatenations into one
+  `concat_group_key`; `concat_rows`), `reduce_fn` combines the concatenations into one
   tensor, and each destination splits it back (aliasing the buffer).
 
   Args:
@@ -115,12 +152,9 @@ def reduce_concatenated(per_value_tensors, sources, reduce_fn, destinations,
   Returns:
     For each destination, the list of the values' reduced tensors.
   """
-  packs = []
-  for position, source in enumerate(sources):
-    with tf.device(source):
-      packs.append(tf.concat([tensors[position]
-                              for tensors in per_value_tensors], axis=0,
-                             name=name))
+  packs = [concat_rows([tensors[position] for tensors in per_value_tensors],
+                       source, name=name)
+           for position, source in enumerate(sources)]
   reduced = reduce_fn(packs)
   sizes = [tensors[0].shape.as_list()[0] for tensors in per_value_tensors]
   pieces = []

@@ -92,9 +92,14 @@ class PackedSumTest(tf.test.TestCase, parameterized.TestCase):
           config=replicate.testing.virtual_cpu_config(4)) as sess:
         sess.run(tf1.global_variables_initializer())
         got = sess.run([g for g, _ in summed])
-    by_type = collections.Counter(op.type for op in graph.get_operations())
-    # A concat per tower and pack, one add_n and one split per pack.
-    self.assertEqual(4 * num_packs, by_type['ConcatV2'])
+    # Splits of the sums (each concat also splits its constant row indices).
+    by_type = collections.Counter(
+        op.type for op in graph.get_operations()
+        if not (op.type == 'SplitV' and op.inputs[0].op.type == 'Const'))
+    # A concat per tower and pack (a DynamicStitch on CPUs: packing.
+    # concat_rows), one add_n and one split per pack.
+    self.assertEqual(4 * num_packs, by_type['DynamicStitch'])
+    self.assertEqual(0, by_type['ConcatV2'])
     self.assertEqual(num_packs, by_type['AddN'])
     self.assertEqual(num_packs, by_type['SplitV'])
     for i, total in enumerate(got):
@@ -114,7 +119,7 @@ class PackedSumTest(tf.test.TestCase, parameterized.TestCase):
       self.assertIn('CPU:0', add_n.op.device)
       concat_devices = sorted(t.op.device for t in add_n.op.inputs)
       self.assertEqual([t.op.type for t in add_n.op.inputs],
-                       ['ConcatV2'] * 4)
+                       ['DynamicStitch'] * 4)
       for t, device in enumerate(concat_devices):
         self.assertIn('CPU:{}'.format(t), device)
 

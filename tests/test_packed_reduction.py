@@ -104,19 +104,22 @@ class PackedBatchReduceTest(parameterized.TestCase, tf.test.TestCase):
     new_ops = graph.get_operations()[before:]
     by_type = {}
     for op in new_ops:
+      if op.type == 'SplitV' and op.inputs[0].op.type == 'Const':
+        continue  # A concat's split of its constant row indices.
       by_type.setdefault(op.type, []).append(op)
-    # Packs: 16 + 2 values of [64, 64] and 20 of [6]: 3 packs, each a concat on
-    # each of the 4 devices, one add_n and a split on each of the 2
-    # destinations; the scalar and the large value: an add_n each, and an
-    # identity per destination.
-    self.assertLen(by_type['ConcatV2'], 3 * 4)
+    # Packs: 16 + 2 values of [64, 64] and 20 of [6]: 3 packs, each a concat
+    # (a DynamicStitch on CPUs) on each of the 4 devices, one add_n and a
+    # split on each of the 2 destinations; the scalar and the large value: an
+    # add_n each, and an identity per destination.
+    self.assertLen(by_type['DynamicStitch'], 3 * 4)
+    self.assertNotIn('ConcatV2', by_type)
     self.assertLen(by_type['AddN'], 3 + 2)
     self.assertLen(by_type['SplitV'], 3 * 2)
     self.assertLen(by_type['Identity'], 2 * 2)
     self.assertEqual(
         sorted(_CANONICAL * 3),
         sorted(device_util.canonicalize(op.device)
-               for op in by_type['ConcatV2']))
+               for op in by_type['DynamicStitch']))
     # Sums run on the first destination; splits on each destination.
     self.assertEqual({_CANONICAL[1]}, set(
         device_util.canonicalize(op.device) for op in by_type['AddN']))
@@ -134,6 +137,7 @@ class PackedBatchReduceTest(parameterized.TestCase, tf.test.TestCase):
     # One add_n per value (40), nothing concatenated.
     self.assertEqual(40, _count(graph, 'AddN'))
     self.assertEqual(0, _count(graph, 'ConcatV2'))
+    self.assertEqual(0, _count(graph, 'DynamicStitch'))
 
   def test_groups_need_the_same_devices_destinations_and_dtype(self):
     rng = np.random.RandomState(3)
@@ -157,7 +161,7 @@ class PackedBatchReduceTest(parameterized.TestCase, tf.test.TestCase):
         got = sess.run([r.values[0] for r in results])
     # One pack (values 0 and 4); values 1, 2 and 3 alone: 4 add_n.
     self.assertEqual(4, _count(graph, 'AddN'))
-    self.assertEqual(4, _count(graph, 'ConcatV2'))
+    self.assertEqual(4, _count(graph, 'DynamicStitch'))
     with tf1.Session(graph=graph, config=testing.virtual_cpu_config(4)) as s:
       want = s.run([tf.add_n(list(v.values)) for v, _ in pairs])
     for w, g in zip(want, got):

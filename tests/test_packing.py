@@ -147,5 +147,46 @@ class PackChunksTest(parameterized.TestCase, tf.test.TestCase):
       packing.pack_chunks([1, 2], max_count, small_bytes)
 
 
+class ConcatRowsTest(parameterized.TestCase, tf.test.TestCase):
+  """packing.concat_rows: tf.concat along dimension 0, one thread on CPUs."""
+
+  @parameterized.named_parameters(
+      ('matrices', [(3, 2), (1, 2), (5, 2)], np.float32),
+      ('vectors', [(4,), (2,), (6,)], np.int32),
+      ('rank_3', [(2, 3, 2), (1, 3, 2)], np.float64),
+      ('booleans', [(2,), (3,)], np.bool_),
+  )
+  def test_cpu_stitches_the_rows_of_tf_concat(self, shapes, dtype):
+    rng = np.random.RandomState(0)
+    arrays = [(rng.randn(*shape) * 100).astype(dtype) for shape in shapes]
+    graph = tf.Graph()
+    with graph.as_default():
+      with tf.device(_DEVICES[1]):
+        tensors = [tf.constant(a) for a in arrays]
+      packed = packing.concat_rows(tensors, _DEVICES[0], name='rows')
+      # Rows: 9 / 12 / 3 / 5; the static shape is known without running.
+      self.assertEqual([sum(s[0] for s in shapes)] + list(shapes[0][1:]),
+                       packed.shape.as_list())
+      self.assertEqual('DynamicStitch', packed.op.type)
+      self.assertEqual(device_util.canonicalize(_DEVICES[0]),
+                       device_util.canonicalize(packed.op.device))
+      with tf1.Session(config=testing.virtual_cpu_config(2)) as sess:
+        got = sess.run(packed)
+    self.assertEqual(dtype, got.dtype)
+    self.assertAllEqual(np.concatenate(arrays, axis=0), got)
+
+  @parameterized.named_parameters(
+      ('gpu', '/device:GPU:0', 2),
+      ('unknown_device', '', 2),
+      ('one_tensor', '/device:CPU:0', 1),
+  )
+  def test_tf_concat_elsewhere(self, device, num_tensors):
+    with tf.Graph().as_default():
+      tensors = [tf.zeros([2, 3]) for _ in range(num_tensors)]
+      packed = packing.concat_rows(tensors, device)
+      self.assertNotEqual('DynamicStitch', packed.op.type)
+      self.assertEqual([2 * num_tensors, 3], packed.shape.as_list())
+
+
 if __name__ == '__main__':
   tf.test.main()
