@@ -63,7 +63,7 @@ import bench_util
 
 GLOBAL_BATCH = 256
 CONFIGS = ('single', 'replicate', 'contrib', 'replicate@build=per_tower',
-           'replicate@pack=0', 'replicate@fuse=off',
+           'replicate@pack=0', 'replicate@fuse=off', 'replicate@copy=concat',
            'tf_mirrored', 'replicate_mirrored', 'tf_mirrored_loop',
            'independent')
 MODELS = ('wide', 'deep')
@@ -79,6 +79,8 @@ CONFIG_LABELS = {
     'replicate@pack=0': 'replicate.replicate_model_fn, packing off (A/B)',
     'replicate@fuse=off': 'replicate.replicate_model_fn, MatMul fusion off '
                           '(A/B)',
+    'replicate@copy=concat': 'replicate.replicate_model_fn, packs copied by '
+                             "TF's ConcatV2 (A/B)",
     'independent': '4 independent models, one per device, no gradient '
                    'exchange (reference)',
 }
@@ -221,7 +223,8 @@ def _apply_aggregation_variant(variant):
   per variable, the behaviour before packing); `group=<n>` the largest pack
   (`small=<bytes>`: beyond `small` bytes);
   `fuse=off` sums MatMul gradients instead of fusing them (`fuse=<bytes>`:
-  the smallest fused gradient).
+  the smallest fused gradient); `copy=concat` builds every pack with TF's
+  `ConcatV2` instead of a one-thread copy on CPUs.
   """
   from replicate import gradient_aggregation  # pylint: disable=g-import-not-at-top
   name, _, value = variant.partition('=')
@@ -238,6 +241,9 @@ def _apply_aggregation_variant(variant):
     # `fuse=<bytes>`: the smallest fused gradient.
     gradient_aggregation.FUSE_MIN_BYTES = (
         sys.maxsize if value == 'off' else int(value))
+  elif name == 'copy' and value == 'concat':
+    from replicate import packing  # pylint: disable=g-import-not-at-top
+    packing.STITCH_ON_CPUS = False
   elif name == 'gate' and value == 'none':
     # Towers compute gradients with gate_gradients=GATE_NONE (same values;
     # no tuple/identity gating ops per gradient op).

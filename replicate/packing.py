@@ -17,6 +17,10 @@ import tensorflow as tf
 from replicate import device_util
 from replicate import errors
 
+# Packs on CPU devices are copied by one thread (`concat_rows`); False gives
+# every pack TF's `ConcatV2` (the behaviour before; for A/B measurements).
+STITCH_ON_CPUS = True
+
 _Group = collections.namedtuple('_Group', ['positions', 'shapes', 'sizes'])
 _PackInfo = collections.namedtuple('_PackInfo', ['device_vars', 'plan'])
 
@@ -107,27 +111,46 @@ def concat_rows(tensors, device, name='packed'):
   switches per step with `ConcatV2` packs, ~110 and ~10 with this). On CPU
   devices the rows are therefore placed by a `DynamicStitch`, whose CPU
   kernel copies them on the calling thread; its indices are one constant
-  `range` split per value, which Grappler folds. Other devices, and a single
-  tensor, get `tf.concat`.
+  `range` split per value, which Grappler folds. Other devices, a single
+  tensor, packs of 2**31 rows or more (beyond int32 indices), and every
+  pack while `STITCH_ON_CPUS` is False get `tf.concat`.
 
   Args:
-    tensors: dense tensors of one dtype and one static shape after
-      dimension 0, dimension 0 known.
+    tensors: a non-empty list of dense tensors of one dtype and one fully
+      known static shape after dimension 0, dimension 0 known.
     device: the device the concatenation runs on.
     name: the name of the concatenation.
 
   Returns:
     The concatenation, of static shape `[sum of dimensions 0] + shape[1:]`.
+
+  Raises:
+    ValueError: if `tensors` is empty, or a tensor's static shape is not
+      known or differs from the first one's after dimension 0.
   """
+  if not tensors:
+    raise ValueError('concat_rows needs at least one tensor, got none.')
+  trailing = tensors[0].shape[1:]
+  for tensor in tensors:
+    shape = tensor.shape
+    if (shape.rank is None or shape.rank < 1 or
+        not shape.is_fully_defined() or shape[1:] != trailing):
+      raise ValueError(
+          'concat_rows needs tensors of one fully known shape after '
+          'dimension 0; got {} of shape {} (the first has {}). Concatenate '
+          'such tensors with tf.concat.'.format(tensor.name, shape,
+                                                tensors[0].shape))
+  sizes = [tensor.shape.as_list()[0] for tensor in tensors]
   with tf.device(device):
-    if len(tensors) < 2 or not device_util.is_cpu(device):
+    if (not STITCH_ON_CPUS or len(tensors) < 2 or
+        not device_util.is_cpu(device) or
+        sum(sizes) > np.iinfo(np.int32).max):
       return tf.concat(tensors, axis=0, name=name)
-    sizes = [t.shape.as_list()[0] for t in tensors]
     rows = tf.constant(np.arange(sum(sizes), dtype=np.int32),
                        name=name + '_rows')
     packed = tf.dynamic_stitch(tf.split(rows, sizes, axis=0), tensors,
                                name=name)
-    packed.set_shape([sum(sizes)] + tensors[0].shape.as_list()[1:])
+    packed.set_shape([sum(sizes)] + trailing.as_list())
     return packed
 
 
@@ -136,8 +159,9 @@ def reduce_concatenated(per_value_tensors, sources, reduce_fn, destinations,
   """Reduces values packed along dimension 0: the core of every small pack.
 
   Each source device concatenates its tensor of every value (one group of
-  `concat_group_key`; `concat_rows`), `reduce_fn` combines the concatenations into one
-  tensor, and each destination splits it back (aliasing the buffer).
+  `concat_group_key`, by `concat_rows`), `reduce_fn` combines the
+  concatenations into one tensor, and each destination splits it back
+  (aliasing the buffer).
 
   Args:
     per_value_tensors: for each value, its tensors in the order of

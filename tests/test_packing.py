@@ -1,4 +1,6 @@
 """Tests for the packers: exact round trips, pack counts, placement, errors."""
+from unittest import mock
+
 from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
@@ -176,16 +178,31 @@ class ConcatRowsTest(parameterized.TestCase, tf.test.TestCase):
     self.assertAllEqual(np.concatenate(arrays, axis=0), got)
 
   @parameterized.named_parameters(
-      ('gpu', '/device:GPU:0', 2),
-      ('unknown_device', '', 2),
-      ('one_tensor', '/device:CPU:0', 1),
+      ('gpu', '/device:GPU:0', 2, True),
+      ('unknown_device', '', 2, True),
+      ('one_tensor', '/device:CPU:0', 1, True),
+      ('stitch_off', '/device:CPU:0', 2, False),
   )
-  def test_tf_concat_elsewhere(self, device, num_tensors):
-    with tf.Graph().as_default():
+  def test_tf_concat_elsewhere(self, device, num_tensors, stitch_on_cpus):
+    with tf.Graph().as_default(), mock.patch.object(
+        packing, 'STITCH_ON_CPUS', stitch_on_cpus):
       tensors = [tf.zeros([2, 3]) for _ in range(num_tensors)]
       packed = packing.concat_rows(tensors, device)
       self.assertNotEqual('DynamicStitch', packed.op.type)
       self.assertEqual([2 * num_tensors, 3], packed.shape.as_list())
+
+  def test_bad_tensors(self):
+    with tf.Graph().as_default():
+      with self.assertRaisesRegex(ValueError, 'at least one tensor'):
+        packing.concat_rows([], _DEVICES[0])
+      with self.assertRaisesRegex(ValueError, r'got b:0 of shape \(2, 4\)'):
+        packing.concat_rows([tf.zeros([2, 3], name='a'),
+                             tf.zeros([2, 4], name='b')], _DEVICES[0])
+      unknown = tf1.placeholder(tf.float32, [None, 3], name='unknown')
+      with self.assertRaisesRegex(ValueError, 'got unknown:0'):
+        packing.concat_rows([tf.zeros([2, 3]), unknown], _DEVICES[0])
+      with self.assertRaisesRegex(ValueError, 'fully known shape'):
+        packing.concat_rows([tf.zeros([]), tf.zeros([])], _DEVICES[0])
 
 
 if __name__ == '__main__':
