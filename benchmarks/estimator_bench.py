@@ -217,7 +217,7 @@ def _make_hook(tf, trace_steps):
 
 
 def _apply_aggregation_variant(variant):
-  """Patches replicate.gradient_aggregation for an A/B experiment.
+  """Patches replicate's aggregation settings for an A/B experiment.
 
   Variants: `pack=<bytes>` sets the packing threshold (`pack=0`: one add_n
   per variable, the behaviour before packing); `group=<n>` the largest pack

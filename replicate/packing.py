@@ -141,16 +141,15 @@ def concat_rows(tensors, device, name='packed'):
           'such tensors with tf.concat.'.format(tensor.name, shape,
                                                 tensors[0].shape))
   sizes = [tensor.shape.as_list()[0] for tensor in tensors]
+  total = sum(sizes)
   with tf.device(device):
     if (not STITCH_ON_CPUS or len(tensors) < 2 or
-        not device_util.is_cpu(device) or
-        sum(sizes) > np.iinfo(np.int32).max):
+        not device_util.is_cpu(device) or total > np.iinfo(np.int32).max):
       return tf.concat(tensors, axis=0, name=name)
-    rows = tf.constant(np.arange(sum(sizes), dtype=np.int32),
-                       name=name + '_rows')
+    rows = tf.constant(np.arange(total, dtype=np.int32), name=name + '_rows')
     packed = tf.dynamic_stitch(tf.split(rows, sizes, axis=0), tensors,
                                name=name)
-    packed.set_shape([sum(sizes)] + trailing.as_list())
+    packed.set_shape([total] + trailing.as_list())
     return packed
 
 
