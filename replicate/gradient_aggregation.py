@@ -53,7 +53,8 @@ PACK_MAX_GROUP = 16
 # ...unless the pack stays within this many bytes per tower: tiny gradients
 # (biases) share one pack whatever their number, since another pack's
 # concats, transfers, sum and splits cost more than waiting for them
-# (packing.pack_chunks).
+# (packing.pack_chunks). On CPU devices a pack also stays below
+# `packing.one_thread_pack_bytes`, so that one thread copies and sums it.
 PACK_SMALL_BYTES = 64 * 1024
 # `MatMul` gradients of at least this many bytes are fused (see above) where
 # the devices allow it.
@@ -72,8 +73,9 @@ def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None,
       known static shape of rank >= 1 in every tower, are packed per tower
       (grouped by variable device, dtype and shape after dimension 0, at
       most `PACK_MAX_GROUP` variables per pack unless the pack stays within
-      `PACK_SMALL_BYTES`) and summed with one `add_n` per pack; 0 disables
-      packing; None means `PACK_MAX_BYTES`.
+      `PACK_SMALL_BYTES`, and on CPU devices below
+      `packing.one_thread_pack_bytes`) and summed with one `add_n` per
+      pack; 0 disables packing; None means `PACK_MAX_BYTES`.
     raw_gradients: optional dict from gradient tensor names (as given in
       `tower_grads_and_vars`) to the `gradient_gating.RawGradient` they gate.
       A variable whose tower gradients all map to `MatMul` outputs of at
@@ -117,9 +119,11 @@ def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None,
     else:
       groups.setdefault(group, []).append(key)
   for (device, _, _), group_keys in groups.items():
+    towers = [grad.device for grad in grads_by_var[group_keys[0]]]
     chunks = packing.pack_chunks(
         [packing.num_bytes(grads_by_var[key][0]) for key in group_keys],
-        PACK_MAX_GROUP, PACK_SMALL_BYTES)
+        PACK_MAX_GROUP, PACK_SMALL_BYTES,
+        packing.one_thread_pack_bytes(towers, [device]))
     for chunk in chunks:
       keys = [group_keys[index] for index in chunk]
       if len(keys) == 1:

@@ -33,6 +33,7 @@ PACK_MAX_BYTES = 256 * 1024
 PACK_MAX_GROUP = 16
 # A pack of at most this many bytes (per device) takes any number of values:
 # tiny values cost less to copy than another pack's ops (packing.pack_chunks).
+# On CPU devices a pack also stays below `packing.one_thread_pack_bytes`.
 PACK_SMALL_BYTES = 64 * 1024
 
 
@@ -63,8 +64,10 @@ def batch_reduce_packed(value_destination_pairs, reduce_fn, reduce_to_device):
   for (devices, destinations, (device, _, _)), indices in groups.items():
     sizes = [packing.num_bytes(value_destination_pairs[index][0].values[0])
              for index in indices]
+    max_bytes = packing.one_thread_pack_bytes(
+        devices, list(destinations) + [device])
     for positions in packing.pack_chunks(sizes, PACK_MAX_GROUP,
-                                         PACK_SMALL_BYTES):
+                                         PACK_SMALL_BYTES, max_bytes):
       chunk = [indices[position] for position in positions]
       if len(chunk) < 2:
         continue

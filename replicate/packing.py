@@ -21,6 +21,14 @@ from replicate import errors
 # every pack TF's `ConcatV2` (the behaviour before; for A/B measurements).
 STITCH_ON_CPUS = True
 
+# TF's CPU kernels run a copy or a sum on the calling thread while Eigen's
+# cost model deems it small, and split larger ones over the intra-op thread
+# pool. Measured with TF 1.15 and 2.15 (`ConcatV2`: 204800 bytes on one
+# thread, 212992 on two; `AddN` of 4 inputs of 200 KB on one, 224 KB on
+# two; of 8 inputs: 96 KB on one, 128 KB on two): `ConcatV2` below this
+# size, and `AddN` of up to 4 inputs below it, stay on one thread.
+ONE_THREAD_BYTES = 200 * 1024
+
 _Group = collections.namedtuple('_Group', ['positions', 'shapes', 'sizes'])
 _PackInfo = collections.namedtuple('_PackInfo', ['device_vars', 'plan'])
 
@@ -54,7 +62,7 @@ def num_bytes(tensor):
   return tensor.shape.num_elements() * tensor.dtype.size
 
 
-def pack_chunks(sizes, max_count, small_bytes):
+def pack_chunks(sizes, max_count, small_bytes, max_bytes=None):
   """Splits one packing group into packs, keeping the group's order.
 
   A pack takes values until it holds `max_count` of them, and beyond that
@@ -63,20 +71,23 @@ def pack_chunks(sizes, max_count, small_bytes):
   costs less than the concat, transfer, sum and split per device that
   another pack adds. Larger values come `max_count` to a pack, so that a
   pack is ready, and what waits for it runs, while the rest of the group is
-  still being computed.
+  still being computed. A pack of several values also stays below
+  `max_bytes` (see `one_thread_pack_bytes`).
 
   Args:
     sizes: the size in bytes of each value of the group, in order.
     max_count: the most values of a pack beyond `small_bytes`; >= 1.
     small_bytes: a pack of at most this many bytes takes any number of
       values; 0 caps every pack at `max_count`.
+    max_bytes: None, or a pack of several values holds fewer bytes than
+      this (a larger value is a pack of its own).
 
   Returns:
     A list of packs, each a list of indices into `sizes`, in order.
 
   Raises:
-    ValueError: if `max_count` is not an int >= 1 or `small_bytes` is
-      negative.
+    ValueError: if `max_count` is not an int >= 1, `small_bytes` is
+      negative, or `max_bytes` is not None or a positive int.
   """
   if isinstance(max_count, bool) or not isinstance(max_count, int) or (
       max_count < 1):
@@ -85,12 +96,18 @@ def pack_chunks(sizes, max_count, small_bytes):
   if small_bytes < 0:
     raise ValueError('small_bytes must be >= 0 (0: at most max_count values '
                      'a pack), got {!r}.'.format(small_bytes))
+  if max_bytes is not None and (
+      isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or
+      max_bytes < 1):
+    raise ValueError('max_bytes must be None (no limit) or an int >= 1, got '
+                     '{!r}.'.format(max_bytes))
   packs = []
   current = []
   current_bytes = 0
   for index, size in enumerate(sizes):
-    if (current and len(current) >= max_count and
-        current_bytes + size > small_bytes):
+    if current and (
+        (len(current) >= max_count and current_bytes + size > small_bytes) or
+        (max_bytes is not None and current_bytes + size >= max_bytes)):
       packs.append(current)
       current, current_bytes = [], 0
     current.append(index)
@@ -100,20 +117,46 @@ def pack_chunks(sizes, max_count, small_bytes):
   return packs
 
 
+def one_thread_pack_bytes(sources, devices=()):
+  """The size below which a pack is copied and summed by one thread.
+
+  On CPU devices TF's `ConcatV2` and `AddN` kernels hand larger copies and
+  sums to helper threads of the intra-op pool; between towers that keep
+  every core busy that hand-off only adds futex waits and preemptions (deep
+  model, 4 CPU towers on 2 cores, packs of 16 kernels of 16 KB: 25/9
+  context switches per step; packs below this size: 11/2). The cost of a
+  sum grows with its inputs, so this is `ONE_THREAD_BYTES` for up to 4
+  sources and proportionally less beyond.
+
+  Args:
+    sources: the devices whose packs are summed (one input each).
+    devices: other devices of the pack (where it is summed or split).
+
+  Returns:
+    An int, or None (no limit) unless every device is a CPU.
+  """
+  if not sources or not all(
+      device_util.is_cpu(device) for device in list(sources) + list(devices)):
+    return None
+  return ONE_THREAD_BYTES * min(4, len(sources)) // len(sources)
+
+
 def concat_rows(tensors, device, name='packed'):
   """`tf.concat(tensors, axis=0)` on `device`, copied by one thread on CPUs.
 
-  TF's `ConcatV2` kernel splits a copy of 4096 elements or more over the
-  intra-op thread pool: it wakes a helper thread and waits for it. Between
-  towers that already keep every core busy that hand-off buys nothing and
-  costs a futex wake, a wait and often a preemption per pack (deep model, 4
-  CPU towers on 2 cores: ~240 futex calls and ~45 involuntary context
-  switches per step with `ConcatV2` packs, ~110 and ~10 with this). On CPU
-  devices the rows are therefore placed by a `DynamicStitch`, whose CPU
-  kernel copies them on the calling thread; its indices are one constant
-  `range` split per value, which Grappler folds. Other devices, a single
-  tensor, packs of 2**31 rows or more (beyond int32 indices), and every
-  pack while `STITCH_ON_CPUS` is False get `tf.concat`.
+  TF's `ConcatV2` CPU kernel splits a copy of `ONE_THREAD_BYTES` or more
+  over the intra-op thread pool: it wakes a helper thread and waits for it.
+  Between towers that already keep every core busy that hand-off buys
+  nothing and costs a futex wake, a wait and often a preemption per pack
+  (deep model, 4 CPU towers on 2 cores: ~240 futex calls and ~45
+  involuntary context switches per step with `ConcatV2` packs, ~110 and ~10
+  with one-thread copies). On CPU devices such a pack (e.g. the packed
+  variable reads of copied towers) is therefore placed by a
+  `DynamicStitch`, whose CPU kernel copies on the calling thread; its
+  indices are one constant `range` split per value, which Grappler folds.
+  Smaller packs, other devices, a single tensor, packs of 2**31 rows or
+  more (beyond int32 indices), and every pack while `STITCH_ON_CPUS` is
+  False get `tf.concat`.
 
   Args:
     tensors: a non-empty list of dense tensors of one dtype and one fully
@@ -142,9 +185,11 @@ def concat_rows(tensors, device, name='packed'):
                                                 tensors[0].shape))
   sizes = [tensor.shape.as_list()[0] for tensor in tensors]
   total = sum(sizes)
+  row_bytes = trailing.num_elements() * tensors[0].dtype.size
   with tf.device(device):
     if (not STITCH_ON_CPUS or len(tensors) < 2 or
-        not device_util.is_cpu(device) or total > np.iinfo(np.int32).max):
+        not device_util.is_cpu(device) or total > np.iinfo(np.int32).max or
+        total * row_bytes < ONE_THREAD_BYTES):
       return tf.concat(tensors, axis=0, name=name)
     rows = tf.constant(np.arange(total, dtype=np.int32), name=name + '_rows')
     packed = tf.dynamic_stitch(tf.split(rows, sizes, axis=0), tensors,

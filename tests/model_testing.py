@@ -82,3 +82,12 @@ def train_variables(model_fn, features, labels, devices, steps=3,
 
 def cpus(n):
   return replicate.testing.virtual_cpu_devices(n)
+
+
+def is_pack(op):
+  """Whether `op` can be a pack made by `packing.concat_rows`.
+
+  On CPU devices a pack below `packing.ONE_THREAD_BYTES` is a `ConcatV2`, a
+  larger one a `DynamicStitch`.
+  """
+  return op.type in ('ConcatV2', 'DynamicStitch')

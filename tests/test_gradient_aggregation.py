@@ -8,7 +8,10 @@ import tensorflow as tf
 
 import replicate
 from replicate import gradient_aggregation
+from replicate import packing
 from replicate._compat import tf1
+
+import model_testing as mt
 
 _DEVICES = replicate.testing.virtual_cpu_devices(4)
 
@@ -75,33 +78,37 @@ class PackedSumTest(tf.test.TestCase, parameterized.TestCase):
       self.assertAllClose(got_plain[i], ordered, rtol=1e-6, atol=1e-6)
 
   @parameterized.named_parameters(
-      # 20 kernels of 64 x 64 floats (16 KB): 16 of them exceed
-      # PACK_SMALL_BYTES (64 KB), so a pack of 16 and one of 4; the 20 biases
-      # (256 bytes each, 5 KB in all) share one pack. 3 packs.
-      ('small_packs_grow', 64 * 1024, 3),
-      # Without the small-pack rule the biases come 16 + 4 too: 4 packs.
-      ('count_only', 0, 4),
+      # 20 kernels of 64 x 64 floats (16 KB): on CPUs a pack stays below
+      # 200 KB (packing.one_thread_pack_bytes), so 12 kernels and then 8; the
+      # 20 biases (256 bytes each, 5 KB in all) share one pack.
+      ('small_packs_grow', 64 * 1024, None, [12, 8, 20]),
+      # Without the small-pack rule the biases come 16 + 4.
+      ('count_only', 0, None, [12, 8, 16, 4]),
+      # Without the size cap the kernels come 16 + 4 (PACK_MAX_GROUP).
+      ('no_size_cap', 64 * 1024, 1 << 30, [16, 4, 20]),
   )
-  def test_packs_per_group(self, small_bytes, num_packs):
+  def test_packs_per_group(self, small_bytes, one_thread_bytes, pack_sizes):
     graph = tf.Graph()
     with graph.as_default(), mock.patch.object(
-        gradient_aggregation, 'PACK_SMALL_BYTES', small_bytes):
+        gradient_aggregation, 'PACK_SMALL_BYTES', small_bytes), (
+            mock.patch.object(packing, 'ONE_THREAD_BYTES',
+                              one_thread_bytes or packing.ONE_THREAD_BYTES)):
       tower_grads, values, _ = _tower_grads([(64, 64), (64,)] * 20, 4)
       summed = gradient_aggregation.sum_gradients_by_variable(tower_grads)
       with tf1.Session(
           config=replicate.testing.virtual_cpu_config(4)) as sess:
         sess.run(tf1.global_variables_initializer())
         got = sess.run([g for g, _ in summed])
-    # Splits of the sums (each concat also splits its constant row indices).
-    by_type = collections.Counter(
-        op.type for op in graph.get_operations()
-        if not (op.type == 'SplitV' and op.inputs[0].op.type == 'Const'))
-    # A concat per tower and pack (a DynamicStitch on CPUs: packing.
-    # concat_rows), one add_n and one split per pack.
-    self.assertEqual(4 * num_packs, by_type['DynamicStitch'])
-    self.assertEqual(0, by_type['ConcatV2'])
-    self.assertEqual(num_packs, by_type['AddN'])
-    self.assertEqual(num_packs, by_type['SplitV'])
+    by_type = collections.defaultdict(list)
+    for op in graph.get_operations():
+      by_type[op.type].append(op)
+    # A concat per tower and pack (packing.concat_rows: all below 200 KB, or
+    # one thread copies any size, so ConcatV2), one add_n and one split per
+    # pack.
+    self.assertLen(by_type['ConcatV2'], 4 * len(pack_sizes))
+    self.assertLen(by_type['AddN'], len(pack_sizes))
+    self.assertEqual(pack_sizes, [op.get_attr('num_split')
+                                  for op in by_type['SplitV']])
     for i, total in enumerate(got):
       self.assertAllClose(sum(tower[i] for tower in values), total)
 
@@ -118,8 +125,8 @@ class PackedSumTest(tf.test.TestCase, parameterized.TestCase):
       self.assertEqual(add_n.op.type, 'AddN')
       self.assertIn('CPU:0', add_n.op.device)
       concat_devices = sorted(t.op.device for t in add_n.op.inputs)
-      self.assertEqual([t.op.type for t in add_n.op.inputs],
-                       ['DynamicStitch'] * 4)
+      # One pack per tower (28 elements: a ConcatV2 on CPUs).
+      self.assertEqual([t.op.type for t in add_n.op.inputs], ['ConcatV2'] * 4)
       for t, device in enumerate(concat_devices):
         self.assertIn('CPU:{}'.format(t), device)
 

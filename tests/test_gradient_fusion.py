@@ -157,7 +157,7 @@ class FusedTrainingTest(tf.test.TestCase, parameterized.TestCase):
       readers = [op for t in reads for op in t.consumers()
                  if 'gradients' in op.name]
       packs = [op for t in reads for op in t.consumers()
-               if op.type == 'DynamicStitch' and 'packed_reads' in op.name]
+               if mt.is_pack(op) and 'packed_reads' in op.name]
       apply_ops = [op for op in graph.get_operations()
                    if op.type.endswith('ApplyGradientDescent') and
                    op.inputs[0].op is var.op]

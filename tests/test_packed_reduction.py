@@ -34,8 +34,9 @@ def _per_device(arrays, devices=_DEVICES):
 def _mixed_arrays(rng):
   """Per value, one array per device: what packs and what does not.
 
-  18 values of [64, 64] (16 KB each: one group, a pack of 16 and one of 2,
-  since 16 of them exceed PACK_SMALL_BYTES), 20 of [6] (480 bytes in all:
+  18 values of [64, 64] (16 KB each: one group; on CPUs a pack of 12 and
+  one of 6, since 12 of them exceed PACK_SMALL_BYTES and 13 would reach
+  packing.one_thread_pack_bytes, 200 KB), 20 of [6] (480 bytes in all:
   one pack), a scalar (rank 0: alone) and a [300, 300] float32 value
   (360 KB, above PACK_MAX_BYTES: alone). Small integers: every sum is exact.
   """
@@ -104,22 +105,23 @@ class PackedBatchReduceTest(parameterized.TestCase, tf.test.TestCase):
     new_ops = graph.get_operations()[before:]
     by_type = {}
     for op in new_ops:
-      if op.type == 'SplitV' and op.inputs[0].op.type == 'Const':
-        continue  # A concat's split of its constant row indices.
       by_type.setdefault(op.type, []).append(op)
-    # Packs: 16 + 2 values of [64, 64] and 20 of [6]: 3 packs, each a concat
-    # (a DynamicStitch on CPUs) on each of the 4 devices, one add_n and a
-    # split on each of the 2 destinations; the scalar and the large value: an
-    # add_n each, and an identity per destination.
-    self.assertLen(by_type['DynamicStitch'], 3 * 4)
-    self.assertNotIn('ConcatV2', by_type)
+    # Packs: 12 + 6 values of [64, 64] and 20 of [6]: 3 packs, each a concat
+    # on each of the 4 devices, one add_n and a split on each of the 2
+    # destinations; the scalar and the large value: an add_n each, and an
+    # identity per destination. Every pack is below 200 KB: a ConcatV2, no
+    # DynamicStitch (packing.concat_rows).
+    self.assertLen(by_type['ConcatV2'], 3 * 4)
+    self.assertNotIn('DynamicStitch', by_type)
     self.assertLen(by_type['AddN'], 3 + 2)
     self.assertLen(by_type['SplitV'], 3 * 2)
+    self.assertEqual([12, 12, 6, 6, 20, 20], [op.get_attr('num_split')
+                                              for op in by_type['SplitV']])
     self.assertLen(by_type['Identity'], 2 * 2)
     self.assertEqual(
         sorted(_CANONICAL * 3),
         sorted(device_util.canonicalize(op.device)
-               for op in by_type['DynamicStitch']))
+               for op in by_type['ConcatV2']))
     # Sums run on the first destination; splits on each destination.
     self.assertEqual({_CANONICAL[1]}, set(
         device_util.canonicalize(op.device) for op in by_type['AddN']))
@@ -159,9 +161,10 @@ class PackedBatchReduceTest(parameterized.TestCase, tf.test.TestCase):
           ReduceOp.SUM, pairs)
       with _session() as sess:
         got = sess.run([r.values[0] for r in results])
-    # One pack (values 0 and 4); values 1, 2 and 3 alone: 4 add_n.
+    # One pack (values 0 and 4, 8 elements: a ConcatV2 per device); values
+    # 1, 2 and 3 alone: 4 add_n.
     self.assertEqual(4, _count(graph, 'AddN'))
-    self.assertEqual(4, _count(graph, 'DynamicStitch'))
+    self.assertEqual(4, _count(graph, 'ConcatV2'))
     with tf1.Session(graph=graph, config=testing.virtual_cpu_config(4)) as s:
       want = s.run([tf.add_n(list(v.values)) for v, _ in pairs])
     for w, g in zip(want, got):

@@ -140,13 +140,52 @@ class PackChunksTest(parameterized.TestCase, tf.test.TestCase):
     self.assertEqual(want, packing.pack_chunks(sizes, max_count, small_bytes))
 
   @parameterized.named_parameters(
-      ('zero_count', 0, 100, 'max_count must be an int >= 1, got 0'),
-      ('float_count', 2.0, 100, 'max_count must be an int >= 1, got 2.0'),
-      ('negative_bytes', 4, -1, 'small_bytes must be >= 0'),
+      # The kernels of 4 CPU towers, below 200 KB (204800 bytes) a pack:
+      # 12 kernels make 196608 bytes, 13 would make 212992: packs of 12,
+      # eight of them and one of the last 4.
+      ('kernels', [16384] * 100, 16, 65536, 204800,
+       [list(range(i, min(i + 12, 100))) for i in range(0, 100, 12)]),
+      # The cap binds before max_count and before small_bytes: 3 + 3 < 7.
+      ('cap_first', [3] * 5, 16, 100, 7, [[0, 1], [2, 3], [4]]),
+      # A value at or above the cap is a pack of its own.
+      ('large_alone', [2, 10, 2, 2], 16, 100, 8, [[0], [1], [2, 3]]),
+      ('no_cap', [16384] * 20, 16, 65536, None,
+       [list(range(16)), list(range(16, 20))]),
   )
-  def test_bad_arguments(self, max_count, small_bytes, message):
+  def test_chunks_below_max_bytes(self, sizes, max_count, small_bytes,
+                                  max_bytes, want):
+    self.assertEqual(want, packing.pack_chunks(sizes, max_count, small_bytes,
+                                               max_bytes))
+
+  @parameterized.named_parameters(
+      ('zero_count', 0, 100, None, 'max_count must be an int >= 1, got 0'),
+      ('float_count', 2.0, 100, None,
+       'max_count must be an int >= 1, got 2.0'),
+      ('negative_bytes', 4, -1, None, 'small_bytes must be >= 0'),
+      ('zero_max_bytes', 4, 100, 0, 'max_bytes must be None .* got 0'),
+      ('float_max_bytes', 4, 100, 1e5,
+       r'max_bytes must be None .* got 100000.0'),
+  )
+  def test_bad_arguments(self, max_count, small_bytes, max_bytes, message):
     with self.assertRaisesRegex(ValueError, message):
-      packing.pack_chunks([1, 2], max_count, small_bytes)
+      packing.pack_chunks([1, 2], max_count, small_bytes, max_bytes)
+
+
+class OneThreadPackBytesTest(parameterized.TestCase, tf.test.TestCase):
+  """packing.one_thread_pack_bytes: a cap on CPUs, none elsewhere."""
+
+  @parameterized.named_parameters(
+      # Up to 4 summed packs: ONE_THREAD_BYTES (200 KB); 8: half of it.
+      ('two_cpus', ['/cpu:0', '/cpu:1'], ['/cpu:0'], 204800),
+      ('four_cpus', ['/cpu:%d' % i for i in range(4)], ['/cpu:0'], 204800),
+      ('eight_cpus', ['/cpu:%d' % i for i in range(8)], [], 102400),
+      ('gpu_source', ['/cpu:0', '/gpu:0'], ['/cpu:0'], None),
+      ('gpu_destination', ['/cpu:0', '/cpu:1'], ['/gpu:0'], None),
+      ('unknown_device', ['', '/cpu:1'], [], None),
+      ('no_sources', [], ['/cpu:0'], None),
+  )
+  def test_cap(self, sources, devices, want):
+    self.assertEqual(want, packing.one_thread_pack_bytes(sources, devices))
 
 
 class ConcatRowsTest(parameterized.TestCase, tf.test.TestCase):
@@ -158,23 +197,47 @@ class ConcatRowsTest(parameterized.TestCase, tf.test.TestCase):
       ('rank_3', [(2, 3, 2), (1, 3, 2)], np.float64),
       ('booleans', [(2,), (3,)], np.bool_),
   )
-  def test_cpu_stitches_the_rows_of_tf_concat(self, shapes, dtype):
+  def test_cpu_stitches_the_rows_of_a_large_pack(self, shapes, dtype):
     rng = np.random.RandomState(0)
     arrays = [(rng.randn(*shape) * 100).astype(dtype) for shape in shapes]
     graph = tf.Graph()
-    with graph.as_default():
+    # With a one-thread size of 4 bytes every pack here counts as large.
+    with graph.as_default(), mock.patch.object(
+        packing, 'ONE_THREAD_BYTES', 4):
       with tf.device(_DEVICES[1]):
         tensors = [tf.constant(a) for a in arrays]
       packed = packing.concat_rows(tensors, _DEVICES[0], name='rows')
-      # Rows: 9 / 12 / 3 / 5; the static shape is known without running.
+      # The static shape is known without running.
       self.assertEqual([sum(s[0] for s in shapes)] + list(shapes[0][1:]),
                        packed.shape.as_list())
       self.assertEqual('DynamicStitch', packed.op.type)
+      # One index range per value.
+      self.assertEqual(len(shapes), packed.op.get_attr('N'))
       self.assertEqual(device_util.canonicalize(_DEVICES[0]),
                        device_util.canonicalize(packed.op.device))
       with tf1.Session(config=testing.virtual_cpu_config(2)) as sess:
         got = sess.run(packed)
     self.assertEqual(dtype, got.dtype)
+    self.assertAllEqual(np.concatenate(arrays, axis=0), got)
+
+  @parameterized.named_parameters(
+      # 16 kernels of 64 x 64 floats: 256 KB, at least ONE_THREAD_BYTES.
+      ('kernels_256_kb', 16, [64, 64], 'DynamicStitch'),
+      # 12 of them: 192 KB, which TF's ConcatV2 copies on one thread.
+      ('kernels_192_kb', 12, [64, 64], 'ConcatV2'),
+      # 100 biases of 64 floats: 25 KB.
+      ('biases', 100, [64], 'ConcatV2'),
+  )
+  def test_size_picks_the_op(self, num_values, shape, op_type):
+    rng = np.random.RandomState(1)
+    arrays = [rng.randn(*shape).astype(np.float32) for _ in range(num_values)]
+    graph = tf.Graph()
+    with graph.as_default():
+      packed = packing.concat_rows([tf.constant(a) for a in arrays],
+                                   _DEVICES[0])
+      self.assertEqual(op_type, packed.op.type)
+      with tf1.Session(config=testing.virtual_cpu_config(1)) as sess:
+        got = sess.run(packed)
     self.assertAllEqual(np.concatenate(arrays, axis=0), got)
 
   @parameterized.named_parameters(
