@@ -11,8 +11,6 @@ from replicate import gradient_aggregation
 from replicate import packing
 from replicate._compat import tf1
 
-import model_testing as mt
-
 _DEVICES = replicate.testing.virtual_cpu_devices(4)
 
 
@@ -102,9 +100,9 @@ class PackedSumTest(tf.test.TestCase, parameterized.TestCase):
     by_type = collections.defaultdict(list)
     for op in graph.get_operations():
       by_type[op.type].append(op)
-    # A concat per tower and pack (packing.concat_rows: all below 200 KB, or
-    # one thread copies any size, so ConcatV2), one add_n and one split per
-    # pack.
+    # A concat per tower and pack, one add_n and one split per pack. Every
+    # pack is below ONE_THREAD_BYTES, so packing.concat_rows makes it a
+    # ConcatV2.
     self.assertLen(by_type['ConcatV2'], 4 * len(pack_sizes))
     self.assertLen(by_type['AddN'], len(pack_sizes))
     self.assertEqual(pack_sizes, [op.get_attr('num_split')
@@ -125,7 +123,7 @@ class PackedSumTest(tf.test.TestCase, parameterized.TestCase):
       self.assertEqual(add_n.op.type, 'AddN')
       self.assertIn('CPU:0', add_n.op.device)
       concat_devices = sorted(t.op.device for t in add_n.op.inputs)
-      # One pack per tower (28 elements: a ConcatV2 on CPUs).
+      # One pack per tower (28 floats: a ConcatV2 on CPUs).
       self.assertEqual([t.op.type for t in add_n.op.inputs], ['ConcatV2'] * 4)
       for t, device in enumerate(concat_devices):
         self.assertIn('CPU:{}'.format(t), device)
