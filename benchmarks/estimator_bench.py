@@ -186,6 +186,7 @@ def _make_hook(tf, trace_steps):
 
     def __init__(self):
       self.begin_time = None
+      self.begin_cpu = None
       self.session_time = None
       self.step_end = []
       self.step_cpu = []
@@ -194,6 +195,7 @@ def _make_hook(tf, trace_steps):
 
     def begin(self):
       self.begin_time = time.perf_counter()
+      self.begin_cpu = time.process_time()
 
     def after_create_session(self, session, coord):
       del session, coord
@@ -388,7 +390,7 @@ def _run_loop(tf, model, config, hook, total_steps, timings):
   (divided by the number of replicas), `experimental_run` builds the step.
 
   Returns:
-    The time the graph construction started (perf_counter).
+    When the graph construction started: `(perf_counter, process_time)`.
   """
   tf1 = tf.compat.v1
   devices = list(bench_util.DEVICES)
@@ -422,7 +424,7 @@ def _run_loop(tf, model, config, hook, total_steps, timings):
     return train_op
 
   with tf.Graph().as_default():
-    start = time.perf_counter()
+    start = time.perf_counter(), time.process_time()
     dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
     iterator = strategy.make_dataset_iterator(dataset)
     with strategy.scope():
@@ -454,13 +456,14 @@ def run_one(model, config, warmup, steps, trace_dir=None, trace_steps=2):
   hook = _make_hook(tf, trace)
   if config in LOOP_CONFIGS:
     try:
-      start = _run_loop(tf, model, config, hook, total + len(trace), timings)
+      start, start_cpu = _run_loop(tf, model, config, hook,
+                                   total + len(trace), timings)
     except NotApplicable as e:
       result.update(status='n/a', reason=str(e))
       return result
     end = time.perf_counter()
-    return _finish(result, hook, timings, start, end, warmup, total,
-                   trace_dir, model, config)
+    return _finish(result, hook, timings, start, start_cpu, end, warmup,
+                   total, trace_dir, model, config)
   try:
     model_fn, distribute = _wrapper_and_fn(tf, config, model, timings)
   except NotApplicable as e:
@@ -476,17 +479,17 @@ def run_one(model, config, warmup, steps, trace_dir=None, trace_steps=2):
         save_checkpoints_secs=None, log_step_count_steps=None)
     estimator = tf1.estimator.Estimator(model_fn, config=run_config)
     input_fn = _make_input_fn(tf, model)
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     estimator.train(input_fn, steps=total + len(trace), hooks=[hook])
     end = time.perf_counter()
   finally:
     shutil.rmtree(model_dir, ignore_errors=True)
-  return _finish(result, hook, timings, start, end, warmup, total, trace_dir,
-                 model, config)
+  return _finish(result, hook, timings, start, start_cpu, end, warmup, total,
+                 trace_dir, model, config)
 
 
-def _finish(result, hook, timings, start, end, warmup, total, trace_dir,
-            model, config):
+def _finish(result, hook, timings, start, start_cpu, end, warmup, total,
+            trace_dir, model, config):
   """Computes the metrics of a finished run from the hook's records."""
   ends = hook.step_end
   # ends[i] is the end of step i (0-based), so step i (i >= 1) took
@@ -501,6 +504,9 @@ def _finish(result, hook, timings, start, end, warmup, total, trace_dir,
   result.update(
       status='ok',
       graph_build_s=hook.begin_time - start,
+      # The build is single-threaded Python: its CPU time is its wall time
+      # less the time other processes held the core.
+      graph_build_cpu_s=hook.begin_cpu - start_cpu,
       model_fn_s=timings.get('model_fn_s'),
       session_s=hook.session_time - hook.begin_time,
       first_step_s=ends[0] - hook.session_time,
@@ -548,10 +554,10 @@ def run_all(models, configs, quick, rounds, timeout_s=900, log=print):
         runs.append(res)
         if res.get('status') == 'ok':
           log('[estimator r{}] {:5s} {:19s} {:8.1f} ex/s  cpu/step {:6.1f} ms  '
-              'build {:6.2f}s  ({:.0f}s)'.format(
+              'build {:6.2f}s (cpu {:5.2f}s)  ({:.0f}s)'.format(
                   r, model, config, res['examples_per_s'],
                   res['cpu_s_per_step'] * 1e3, res['graph_build_s'],
-                  res['process_s']))
+                  res['graph_build_cpu_s'], res['process_s']))
         else:
           log('[estimator r{}] {:5s} {:19s} {}: {}'.format(
               r, model, config, res.get('status'),
@@ -575,7 +581,7 @@ def summarize(runs, models, configs):
         continue
       agg = {'status': 'ok', 'rounds': len(ok)}
       for metric in ('examples_per_s', 'examples_per_s_mean', 'graph_build_s',
-                     'model_fn_s', 'session_s', 'step_s_median',
+                     'graph_build_cpu_s', 'model_fn_s', 'session_s', 'step_s_median',
                      'cpu_s_per_step', 'startup_s'):
         vals = [r[metric] for r in ok if r.get(metric) is not None]
         if vals:
