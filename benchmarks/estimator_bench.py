@@ -581,8 +581,8 @@ def summarize(runs, models, configs):
         continue
       agg = {'status': 'ok', 'rounds': len(ok)}
       for metric in ('examples_per_s', 'examples_per_s_mean', 'graph_build_s',
-                     'graph_build_cpu_s', 'model_fn_s', 'session_s', 'step_s_median',
-                     'cpu_s_per_step', 'startup_s'):
+                     'graph_build_cpu_s', 'model_fn_s', 'session_s',
+                     'step_s_median', 'cpu_s_per_step', 'startup_s'):
         vals = [r[metric] for r in ok if r.get(metric) is not None]
         if vals:
           agg[metric] = bench_util.median(vals)
