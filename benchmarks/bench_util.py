@@ -38,14 +38,15 @@ def emit(result):
   sys.stdout.flush()
 
 
-def run_child(script, args, timeout_s, python=None):
+def run_child(script, args, timeout_s, python=None, command_prefix=()):
   """Runs `python script args` in a fresh process and returns its result dict.
 
   A child that crashes, times out or prints no result line gives a dict with
   `status: 'error'` and the tail of its output, so one broken configuration
-  never stops the whole run.
+  never stops the whole run. `command_prefix` (e.g. a profiler's command
+  line) runs the child under another program.
   """
-  cmd = [python or sys.executable, script] + list(args)
+  cmd = list(command_prefix) + [python or sys.executable, script] + list(args)
   start = time.time()
   try:
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

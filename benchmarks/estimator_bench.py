@@ -517,7 +517,10 @@ def _finish(result, hook, timings, start, start_cpu, end, warmup, total,
       examples_per_s=GLOBAL_BATCH / med,
       examples_per_s_mean=GLOBAL_BATCH * len(step_s) / window,
       cpu_s_per_step=cpu_per_step,
-      timed_steps=len(step_s))
+      timed_steps=len(step_s),
+      # The timed window in time.perf_counter() seconds (CLOCK_MONOTONIC
+      # on Linux): cpu_profile.py cuts its perf samples to it.
+      window_s=[ends[first - 1], ends[total - 1]])
   if trace_dir and hook.metadata:
     from tensorflow.python.client import timeline  # pylint: disable=g-import-not-at-top
     if not os.path.isdir(trace_dir):
