@@ -14,11 +14,22 @@ towers' in one product (see `gradient_aggregation.py`), and it adds a `tuple`
 Towers therefore compute their gradients ungated and gate each *variable's*
 gradient instead: it depends on every op of the tower's gradient computation
 that reads that variable (except dead ends nothing consumes, such as the
-gradient of the model's input, which then is not computed at all, and TF1
-control-flow ops, which run in a loop's frame). That is the race GATE_OP
-exists to prevent (no update of `W` while a backward op reads `W`), with one
-identity per variable that is read during back-propagation instead of a
-tuple per gradient op.
+gradient of the model's input, which then is not computed at all). That is
+the race GATE_OP exists to prevent (no update of `W` while a backward op
+reads `W`), with one identity per variable that is read during
+back-propagation instead of a tuple per gradient op.
+
+TF1 control flow (`tf.compat.v1.while_loop` and `cond` with control flow
+v1) needs more. Its backward ops read a variable through an `Enter` or
+`Switch` and run in a loop's frame or a branch, where no op outside may
+wait for them, and a loop's outputs leave it one by one: the summed
+gradient of `W` can exit the backward loop while the loop's last `dA . W^T`
+still reads `W`. The gradient of a variable read that way waits for every
+gradient of the tower instead (GATE_GRAPH's guarantee, for that variable
+only): a backward op whose result is used at all feeds one of them, so all
+of them have run once every gradient has been computed. (Functional control
+flow, TF 2's `While` and `If`, reads the variable as an input of the op
+itself and is gated like any other reader.)
 
 The ungated gradients are returned alongside, as `RawGradient`s, so that the
 aggregation can compute a sum from a gradient's inputs and apply the same
@@ -35,13 +46,15 @@ from replicate._compat import tf1
 READ_OP_TYPES = frozenset(['Identity', 'ReadVariableOp'])
 # Ops that are a variable.
 VARIABLE_OP_TYPES = frozenset(['VariableV2', 'Variable', 'VarHandleOp'])
-# TF1 control flow brings a variable into a `tf.while_loop` or `tf.cond`
-# through these; the ops that read it inside run in the loop's frame, where
-# no op outside may wait for them. They need no gate either: a gradient
-# flowing out of a loop is only produced once the loop has finished.
+# TF1 control flow: ops that run in a loop's frame or a branch, where no op
+# outside may wait for them (see the module docstring).
 _CONTROL_FLOW_OP_TYPES = frozenset([
     'Enter', 'RefEnter', 'Switch', 'RefSwitch', 'Merge', 'RefMerge', 'Exit',
     'RefExit', 'NextIteration', 'RefNextIteration', 'LoopCond'])
+# Those of them through which a loop or a branch receives a tensor (here: a
+# variable, or a read of one).
+_CONTROL_FLOW_ENTRY_TYPES = frozenset(['Enter', 'RefEnter', 'Switch',
+                                       'RefSwitch'])
 
 
 class RawGradient(
@@ -51,9 +64,11 @@ class RawGradient(
   Attributes:
     tensor: the gradient as the gradient function produced it (a `Tensor`, or
       the values of an `IndexedSlices`).
-    gates: the ops (of the same tower's gradient computation) that read the
-      variable; whatever is computed from `tensor` in its place must not be
-      used before they ran.
+    gates: ops of the same tower's gradient computation that must have run
+      before the variable may change: those that read it, or, for a
+      variable read inside TF1 control flow, every gradient of the tower;
+      whatever is computed from `tensor` in its place must not be used
+      before they ran.
   """
   __slots__ = ()
 
@@ -88,9 +103,12 @@ def gate_by_variable(grads_and_vars, gradient_ops):
     variable is read by some op of `gradient_ops` replaced by an identity
     that waits for those ops (an `IndexedSlices` gets gated values), and a
     dict from each returned gradient tensor's name (the values' name for
-    `IndexedSlices`) to its `RawGradient`.
+    `IndexedSlices`) to its `RawGradient`. A variable that some op of
+    `gradient_ops` reads inside TF1 control flow gets a gradient that waits
+    for every gradient in `grads_and_vars` instead.
   """
-  readers = _readers_by_variable_op(gradient_ops)
+  readers, read_in_control_flow = _readers_by_variable_op(gradient_ops)
+  every_gradient = None
   result = []
   raw = {}
   for grad, var in grads_and_vars:
@@ -98,6 +116,10 @@ def gate_by_variable(grads_and_vars, gradient_ops):
       result.append((grad, var))
       continue
     gates = readers.get(var.op.name, ())
+    if var.op.name in read_in_control_flow:
+      if every_gradient is None:
+        every_gradient = _gradient_ops(grads_and_vars)
+      gates = list(gates) + [op for op in every_gradient if op not in gates]
     values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
     gated_values = gate(values, gates)
     raw[gated_values.name] = RawGradient(values, tuple(gates))
@@ -119,11 +141,36 @@ def _gated_identity(tensor, gates):
     return tf.identity(tensor, name='gated_gradient')
 
 
+def _gradient_ops(grads_and_vars):
+  """The ops producing the gradients of `grads_and_vars`, without repeats."""
+  ops = []
+  for grad, _ in grads_and_vars:
+    if grad is None:
+      continue
+    parts = ([grad.values, grad.indices] if isinstance(grad, tf.IndexedSlices)
+             else [grad])
+    for tensor in parts:
+      if tensor.op not in ops:
+        ops.append(tensor.op)
+  return ops
+
+
 def _readers_by_variable_op(ops):
-  """For each variable op name, the ops among `ops` that read the variable."""
+  """The ops among `ops` that read each variable, and where that is unsafe.
+
+  Returns:
+    `(readers, read_in_control_flow)`: a dict from each variable op's name
+    to the ops that read the variable outside TF1 control flow, and the set
+    of the names of the variables that some op brings into TF1 control flow.
+  """
   readers = collections.defaultdict(list)
+  read_in_control_flow = set()
   for op in ops:
     if op.type in _CONTROL_FLOW_OP_TYPES:
+      if op.type in _CONTROL_FLOW_ENTRY_TYPES and op.inputs:
+        variable_op = _variable_op_read_by(op.inputs[0])
+        if variable_op is not None:
+          read_in_control_flow.add(variable_op.name)
       continue
     if op.outputs and not any(t.consumers() for t in op.outputs):
       # A dead end of the gradient computation (e.g. the gradient of the
@@ -132,16 +179,16 @@ def _readers_by_variable_op(ops):
       continue
     seen = set()
     for tensor in op.inputs:
-      source = tensor.op
-      if source.type in READ_OP_TYPES and source.inputs:
-        variable_op = source.inputs[0].op
-      else:
-        variable_op = source
-      if _is_variable_op(variable_op) and variable_op.name not in seen:
+      variable_op = _variable_op_read_by(tensor)
+      if variable_op is not None and variable_op.name not in seen:
         seen.add(variable_op.name)
         readers[variable_op.name].append(op)
-  return readers
+  return readers, read_in_control_flow
 
 
-def _is_variable_op(op):
-  return op.type in VARIABLE_OP_TYPES
+def _variable_op_read_by(tensor):
+  """The variable op `tensor` is (or is a read of), or None."""
+  source = tensor.op
+  if source.type in READ_OP_TYPES and source.inputs:
+    source = source.inputs[0].op
+  return source if source.type in VARIABLE_OP_TYPES else None
