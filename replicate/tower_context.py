@@ -155,8 +155,17 @@ class Replication(object):
 
     Returns:
       The index of this call among the tower's optimizer calls.
+
+    Raises:
+      InvalidArgumentError: if a tower after the first makes more calls than
+        tower 0 (which is always built first).
     """
-    calls = self._calls[self.tower.tower_id if tower_id is None else tower_id]
+    if tower_id is None:
+      tower_id = self.tower.tower_id
+    calls = self._calls[tower_id]
+    if tower_id and len(calls) >= len(self._calls[0]):
+      raise errors.InvalidArgumentError(_more_calls_message(
+          0, len(self._calls[0]), tower_id, len(calls)))
     calls.append(_OptimizerCall(optimizer_name, list(grads_and_vars)))
     return len(calls) - 1
 
@@ -210,12 +219,8 @@ class Replication(object):
     for tower_id in range(built):
       calls = self._calls[tower_id]
       if call_index >= len(calls):
-        raise errors.InvalidArgumentError(
-            'Every tower must make the same TowerOptimizer calls in the same '
-            'order, but tower {} made {} apply_gradients call(s) and tower {} '
-            'is making call number {}. Make model_fn build the same training '
-            'ops on every call.'.format(tower_id, len(calls),
-                                        self.tower.tower_id, call_index + 1))
+        raise errors.InvalidArgumentError(_more_calls_message(
+            tower_id, len(calls), self.tower.tower_id, call_index))
       if calls[call_index].optimizer_name != this_call.optimizer_name:
         raise errors.InvalidArgumentError(
             'Every tower must make the same TowerOptimizer calls in the same '
@@ -239,6 +244,15 @@ class Replication(object):
           'Every tower must make the same TowerOptimizer calls, but the towers '
           'made {} apply_gradients calls respectively. Make model_fn build the '
           'same training ops on every call.'.format(counts))
+
+
+def _more_calls_message(tower_id, num_calls, other_tower_id, call_index):
+  """Why tower `other_tower_id` may not make call `call_index` (0-based)."""
+  return ('Every tower must make the same TowerOptimizer calls in the same '
+          'order, but tower {} made {} apply_gradients call(s) and tower {} '
+          'is making call number {}. Make model_fn build the same training '
+          'ops on every call.'.format(tower_id, num_calls, other_tower_id,
+                                      call_index + 1))
 
 
 class _Stack(threading.local):

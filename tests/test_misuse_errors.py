@@ -181,6 +181,27 @@ class ModelFnErrorsTest(tf.test.TestCase):
         r'get_tower_context\(\) was called after tower 0 was copied'):
       _build(model_fn, mt.cpus(2))
 
+  def test_more_optimizer_calls_in_a_later_tower(self):
+    def model_fn(features, labels, mode):
+      del labels
+      w = tf1.get_variable('w', [3, 1])
+      loss = tf.reduce_mean(tf.matmul(features['x'], w))
+      optimizer = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1))
+      ops = [optimizer.minimize(loss)]
+      if replicate.get_tower_context().tower_id == 1:
+        ops.append(optimizer.minimize(2 * loss))
+      return _spec(mode, loss, tf.group(*ops))
+
+    # Tower 1 applies for both towers: before this check it failed with an
+    # IndexError looking up tower 0's second call.
+    with self.assertRaisesRegex(
+        errors.InvalidArgumentError,
+        r'tower 0 made 1 apply_gradients call\(s\) and tower 1 is making '
+        r'call number 2'):
+      _build(model_fn, mt.cpus(2),
+             tower_build=replicate.TowerBuild.CALL_PER_TOWER)
+
   def test_different_optimizer_order(self):
     def model_fn(features, labels, mode):
       del labels
