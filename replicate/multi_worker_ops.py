@@ -41,7 +41,8 @@ def parse_all_reduce_spec(all_reduce_spec, num_workers, num_gpus_per_worker):
       is one of `ALL_REDUCE_ALGORITHMS`; `shards` (>= 1) is how many pieces
       each tensor is split into and all-reduced side by side; `limit` is the
       largest tensor size in bytes the tuple applies to. Limits increase and
-      the last is -1 (no limit).
+      the last is -1 (no limit). As in TF, `alg` alone, `(alg,)` and
+      `(alg, shards)` stand for `(alg, 1, -1)` and `(alg, shards, -1)`.
     num_workers: number of workers (recursive halving-doubling needs a power
       of two).
     num_gpus_per_worker: GPUs per worker (NCCL and psgpu need at least one).
@@ -53,7 +54,8 @@ def parse_all_reduce_spec(all_reduce_spec, num_workers, num_gpus_per_worker):
     InvalidArgumentError: if the spec breaks any rule above.
   """
   spec = all_reduce_spec
-  if (isinstance(spec, tuple) and len(spec) == 3 and
+  if isinstance(spec, six.string_types) or (
+      isinstance(spec, tuple) and spec and
       isinstance(spec[0], six.string_types)):
     spec = [spec]
   if not isinstance(spec, (list, tuple)) or not spec:
@@ -62,11 +64,14 @@ def parse_all_reduce_spec(all_reduce_spec, num_workers, num_gpus_per_worker):
         'list of them, got {!r}.'.format(all_reduce_spec))
   result = []
   for item in spec:
-    if not isinstance(item, (list, tuple)) or len(item) != 3:
+    if isinstance(item, six.string_types):
+      item = (item,)
+    if not isinstance(item, (list, tuple)) or not 1 <= len(item) <= 3:
       raise errors.InvalidArgumentError(
-          'Each all_reduce_spec item must be an (alg, shards, limit) tuple, '
-          'got {!r}.'.format(item))
-    alg, shards, limit = item
+          'Each all_reduce_spec item must be an (alg, shards, limit) tuple '
+          '(or alg, (alg,), (alg, shards)), got {!r} in {!r}.'.format(
+              item, all_reduce_spec))
+    alg, shards, limit = tuple(item) + (1, -1)[len(item) - 1:]
     if alg not in ALL_REDUCE_ALGORITHMS:
       raise errors.InvalidArgumentError(
           'Unknown all-reduce algorithm {!r} in all_reduce_spec; use one of '

@@ -191,6 +191,22 @@ class MultiWorkerAllReduceTest(parameterized.TestCase, tf.test.TestCase):
         for d, t in zip(result.devices, result.values):
           self.assertEqual(device_util.canonicalize(t.device), d)
 
+  def test_short_specs_complete_like_tf(self):
+    # TF 1.15 reads an algorithm alone, (alg,) and (alg, shards) as one shard
+    # and no size limit where they are missing.
+    tuple_ = multi_worker_ops.AllReduceSpecTuple
+    cases = [
+        ('pscpu', [tuple_('pscpu', 1, -1)]),
+        (('pscpu',), [tuple_('pscpu', 1, -1)]),
+        (('pscpu', 2), [tuple_('pscpu', 2, -1)]),
+        ([('xring', 1, 64), ('pscpu', 3)],
+         [tuple_('xring', 1, 64), tuple_('pscpu', 3, -1)]),
+        (['pscpu/pscpu'], [tuple_('pscpu/pscpu', 1, -1)]),
+    ]
+    for spec, expected in cases:
+      ops = replicate.MultiWorkerAllReduce(_WORKERS, 0, all_reduce_spec=spec)
+      self.assertEqual(expected, ops.all_reduce_spec, spec)
+
   def test_errors(self):
     bad_specs = [
         (('ring', 1, -1), "Unknown all-reduce algorithm 'ring'"),
@@ -201,7 +217,8 @@ class MultiWorkerAllReduceTest(parameterized.TestCase, tf.test.TestCase):
         ([('pscpu', 1, 100), ('xring', 1, 50), ('pscpu', 1, -1)],
          'limits must increase'),
         ([], 'must be an \\(alg, shards, limit\\) tuple or a non-empty list'),
-        ([('pscpu', 1)], 'Each all_reduce_spec item must be an'),
+        ([('pscpu', 1, -1, 7)], 'Each all_reduce_spec item must be an'),
+        ([5], 'Each all_reduce_spec item must be an'),
     ]
     for spec, message in bad_specs:
       with self.assertRaisesRegex(errors.InvalidArgumentError, message):
