@@ -41,14 +41,17 @@ _FROM_AGGREGATION = {
     tf.VariableAggregation.SUM: ReduceOp.SUM,
     tf.VariableAggregation.MEAN: ReduceOp.MEAN,
 }
+# TF's own enum, what code written for tf.distribute passes.
+_TF_REDUCE_OP = tf.distribute.ReduceOp
 
 
 def as_reduce_op(aggregation):
   """Validates `aggregation` and returns it as a `ReduceOp`.
 
   Args:
-    aggregation: a `ReduceOp`, or `tf.VariableAggregation.SUM` / `MEAN`
-      (the names TF 1.x `contrib.distribute` used).
+    aggregation: a `ReduceOp`, `tf.distribute.ReduceOp.SUM` / `MEAN`, or
+      `tf.VariableAggregation.SUM` / `MEAN` (the names TF 1.x
+      `contrib.distribute` used).
 
   Returns:
     A `ReduceOp`.
@@ -59,8 +62,11 @@ def as_reduce_op(aggregation):
   """
   if isinstance(aggregation, ReduceOp):
     return aggregation
+  if isinstance(aggregation, _TF_REDUCE_OP):
+    return ReduceOp(aggregation.value)
   if isinstance(aggregation, tf.VariableAggregation):
     return ReduceOp.from_variable_aggregation(aggregation)
   raise errors.InvalidArgumentError(
       'Cannot reduce with {!r}: the reduction must be replicate.ReduceOp.SUM '
-      '/ MEAN or tf.VariableAggregation.SUM / MEAN.'.format(aggregation))
+      '/ MEAN, tf.distribute.ReduceOp.SUM / MEAN or tf.VariableAggregation.SUM '
+      '/ MEAN.'.format(aggregation))

@@ -58,7 +58,9 @@ class ReduceOpTest(parameterized.TestCase, tf.test.TestCase):
       (reduce_util.ReduceOp.SUM, reduce_util.ReduceOp.SUM),
       (reduce_util.ReduceOp.MEAN, reduce_util.ReduceOp.MEAN),
       (tf.VariableAggregation.SUM, reduce_util.ReduceOp.SUM),
-      (tf.VariableAggregation.MEAN, reduce_util.ReduceOp.MEAN))
+      (tf.VariableAggregation.MEAN, reduce_util.ReduceOp.MEAN),
+      (tf.distribute.ReduceOp.SUM, reduce_util.ReduceOp.SUM),
+      (tf.distribute.ReduceOp.MEAN, reduce_util.ReduceOp.MEAN))
   def test_conversion(self, given, expected):
     self.assertIs(reduce_util.as_reduce_op(given), expected)
 
