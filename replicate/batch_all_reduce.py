@@ -103,10 +103,22 @@ class BatchAllReduceBase(CrossTowerOps):
     return results
 
   def _all_reduce_per_device(self, reduce_op, devices, tensors):
-    """Packs, all-reduces, unpacks and means `tensors[device][value]`."""
+    """Packs, all-reduces, unpacks and means `tensors[device][value]`.
+
+    Raises:
+      InvalidArgumentError: if a value's static shapes differ between devices.
+    """
     if len(devices) == 1:
       with tf.device(devices[0]):
         return [[tf.identity(t) for t in tensors[0]]]
+    for index in range(len(tensors[0])):
+      shapes = [per_device[index].shape for per_device in tensors]
+      if any(not shape.is_compatible_with(shapes[0]) for shape in shapes[1:]):
+        raise errors.InvalidArgumentError(
+            'All-reduce needs one shape on every device, but value {} of the '
+            'batch has shapes {} on {}; reduce values of equal shapes.'.format(
+                index, ', '.join(str(shape) for shape in shapes),
+                ', '.join(devices)))
     device_grads = [[(t, None) for t in ts] for ts in tensors]
     packer = self._packer_for(tensors[0])
     if packer is not None:

@@ -84,7 +84,9 @@ class AllReduceCrossTowerOps(BatchAllReduceBase):
     return self._algorithm
 
   def _all_reduce_per_device(self, reduce_op, devices, tensors):
-    if self._algorithm == AllReduceAlgorithm.NCCL:
+    # One device has nothing to all-reduce (the base class copies it), on
+    # any device type.
+    if self._algorithm == AllReduceAlgorithm.NCCL and len(devices) > 1:
       not_gpus = [d for d in devices if device_util.device_type_of(d) != 'GPU']
       if not_gpus:
         raise errors.InvalidArgumentError(

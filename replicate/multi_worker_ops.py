@@ -320,6 +320,23 @@ class CollectiveAllReduce(cross_tower_base.CrossTowerOps):
     return self._batch_reduce(reduce_op, [(per_device_value, destinations)])[0]
 
   def _batch_reduce(self, reduce_op, value_destination_pairs):
+    # Values on different sets of devices form groups of their own, each
+    # reduced as one batch (TF reduces such values one at a time).
+    groups = collections.OrderedDict()
+    for position, (value, _) in enumerate(value_destination_pairs):
+      groups.setdefault(frozenset(value.devices), []).append(position)
+    if len(groups) > 1:
+      results = [None] * len(value_destination_pairs)
+      for positions in groups.values():
+        reduced = self._batch_reduce_on_devices(
+            reduce_op, [value_destination_pairs[i] for i in positions])
+        for position, result in zip(positions, reduced):
+          results[position] = result
+      return results
+    return self._batch_reduce_on_devices(reduce_op, value_destination_pairs)
+
+  def _batch_reduce_on_devices(self, reduce_op, value_destination_pairs):
+    """`_batch_reduce` of values that all live on the same devices."""
     devices = value_destination_pairs[0][0].devices
     for value, _ in value_destination_pairs:
       if cross_tower_base.is_sparse(value):
@@ -327,11 +344,6 @@ class CollectiveAllReduce(cross_tower_base.CrossTowerOps):
             'CollectiveAllReduce cannot reduce IndexedSlices (collective ops '
             'are dense); convert them with tf.convert_to_tensor or use '
             'ReductionToOneDeviceCrossTowerOps for sparse values.')
-      if set(value.devices) != set(devices):
-        raise errors.InvalidArgumentError(
-            'CollectiveAllReduce reduces values that live on the same devices '
-            'in one batch; got {} and {}.'.format(
-                ', '.join(devices), ', '.join(value.devices)))
       dtype = value.values[0].dtype.base_dtype
       if dtype not in _compat.collective_dtypes():
         raise errors.InvalidTypeError(
@@ -353,16 +365,23 @@ class CollectiveAllReduce(cross_tower_base.CrossTowerOps):
       with tf.name_scope('allreduce'):
         for value, destinations in value_destination_pairs[
             start:start + self._merge_scope]:
-          instance_key = self._keys.get_instance_key()
-          members = []
-          for d in devices:
-            with tf.device(d):
-              members.append(_compat.collective_all_reduce(
-                  placed_on(value.get(d), d), group_size, group_key,
-                  instance_key, 'Add', final_op))
-          # Fetching any output must run every local member of the
-          # collective, or the members that ran would wait forever.
-          reduced = dict(zip(devices, all_reduce.tie_together(members)))
+          if group_size == 1:
+            # One value in all: its sum and its mean are itself (a
+            # collective of one is an error in TF).
+            with tf.device(devices[0]):
+              reduced = {devices[0]: tf.identity(
+                  placed_on(value.get(devices[0]), devices[0]))}
+          else:
+            instance_key = self._keys.get_instance_key()
+            members = []
+            for d in devices:
+              with tf.device(d):
+                members.append(_compat.collective_all_reduce(
+                    placed_on(value.get(d), d), group_size, group_key,
+                    instance_key, 'Add', final_op))
+            # Fetching any output must run every local member of the
+            # collective, or the members that ran would wait forever.
+            reduced = dict(zip(devices, all_reduce.tie_together(members)))
           results.append(values_lib.Mirrored({
               d: reduced[d] if d in reduced
               else cross_tower_base.copy_to_device(reduced[devices[0]], d)

@@ -380,6 +380,31 @@ class AllReduceCrossTowerOpsTest(parameterized.TestCase, tf.test.TestCase):
       for v in per_device:
         self.assertAllClose(v, lib.expected(column, mean=True), atol=1e-5)
 
+  def test_nccl_of_one_value_is_the_value_on_any_device(self):
+    # Nothing to all-reduce: like TF, the value comes back (on its device),
+    # even on a CPU.
+    with tf.Graph().as_default():
+      one, arrays = lib.make_inputs(_DEVICES[1:2], [(3,)], tf.float32)
+      result = replicate.AllReduceCrossTowerOps('nccl').reduce(
+          ReduceOp.MEAN, one[0], _DEVICES[1])
+      self.assertEqual(device_util.canonicalize(result.values[0].device),
+                       _CANONICAL[1])
+      with _session() as sess:
+        got = sess.run(result.values[0])
+    self.assertAllClose(got, arrays[0][0])
+
+  def test_shapes_that_differ_between_devices(self):
+    with tf.Graph().as_default():
+      per_device = {}
+      for d, n in zip(_DEVICES[:2], (2, 3)):
+        with tf.device(d):
+          per_device[d] = tf.zeros([n])
+      with self.assertRaisesRegex(
+          errors.InvalidArgumentError,
+          r'value 0 of the batch has shapes \(2,\), \(3,\) on '):
+        replicate.AllReduceCrossTowerOps('hierarchical_copy').reduce(
+            ReduceOp.SUM, values.PerDevice(per_device), _DEVICES[:2])
+
   def test_nccl_on_cpus_is_an_error(self):
     with tf.Graph().as_default():
       inputs, _ = lib.make_inputs(_DEVICES[:2], [(3,)], tf.float32)

@@ -312,6 +312,31 @@ class CollectiveAllReduceTest(parameterized.TestCase, tf.test.TestCase):
     for v in got_copied:
       self.assertAllClose(v, lib.expected(arrays[1], mean=False))
 
+  def test_one_device_and_values_on_other_devices(self):
+    # A collective of one value is an error in TF's ops: the value itself is
+    # the sum and the mean. Values on different sets of devices are reduced
+    # as separate batches, in their order (TF reduces them one at a time).
+    devices = testing.virtual_cpu_devices(3)
+    with tf.Graph().as_default():
+      two, two_arrays = lib.make_inputs(devices[:2], [(2,)], tf.float32)
+      one, one_arrays = lib.make_inputs(devices[2:], [(2,)], tf.float32,
+                                        seed=1)
+      ops = replicate.CollectiveAllReduce()
+      single = ops.reduce(ReduceOp.MEAN, one[0], devices[2])
+      mixed = ops.batch_reduce(ReduceOp.SUM, [(one[0], devices[2]),
+                                              (two[0], two[0])])
+      self.assertEqual(device_util.canonicalize(single.values[0].device),
+                       device_util.canonicalize(devices[2]))
+      fetches = (single.values, [r.values for r in mixed])
+      graph = tf1.get_default_graph()
+      got_single, got_mixed = _run_bounded(
+          [lambda: _run('', fetches, testing.virtual_cpu_config(4),
+                        graph)])[0]
+    self.assertAllClose(got_single[0], one_arrays[0][0])
+    self.assertAllClose(got_mixed[0][0], one_arrays[0][0])
+    for v in got_mixed[1]:
+      self.assertAllClose(v, lib.expected(two_arrays[0], mean=False))
+
   def test_merge_scope_groups_reductions(self):
     with tf.Graph().as_default() as graph:
       inputs, _ = lib.make_inputs(testing.virtual_cpu_devices(2),
@@ -338,10 +363,6 @@ class CollectiveAllReduceTest(parameterized.TestCase, tf.test.TestCase):
       with self.assertRaisesRegex(errors.InvalidArgumentError,
                                   'cannot reduce IndexedSlices'):
         ops.reduce(ReduceOp.SUM, values.PerDevice(index), devices)
-      with self.assertRaisesRegex(errors.InvalidArgumentError,
-                                  'values that live on the same devices'):
-        ops.batch_reduce(ReduceOp.SUM, [(inputs[0], devices),
-                                        (others[0], devices)])
       with self.assertRaisesRegex(errors.InvalidArgumentError,
                                   'num_gpus_per_worker is 4 but the values '
                                   'live on 2 devices'):
