@@ -161,7 +161,7 @@ class Strategy(object):
     allowed.
 
     Returns:
-      A context manager.
+      A context manager; entering it gives this strategy.
 
     Raises:
       ContextError: (on entering) inside a scope or replica of another

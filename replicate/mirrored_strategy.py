@@ -16,8 +16,13 @@ only the replica's own copy, so building such an update raises.
 
 Limits: graph mode only (TF 1.x graphs, or `tf.Graph().as_default()` on TF
 2.x); mirrored variables cannot be assigned inside a replica (no per-variable
-aggregation modes); control dependencies open around a `merge_call` do not
-carry into the merge function.
+aggregation modes), so ops that update a variable as they run, such as
+`tf.compat.v1.metrics` or `batch_normalization(training=True)`, cannot be
+built inside replicas; a variable created with
+`synchronization=ON_READ` is mirrored like any other (replicas cannot write
+it, so there is nothing to aggregate on reading it), and
+`synchronization=NONE` is an error, as in TF; control dependencies open
+around a `merge_call` do not carry into the merge function.
 """
 import functools
 import weakref
@@ -131,6 +136,12 @@ class MirroredExtended(distribute_lib.StrategyExtended):
     return created[index]
 
   def _create_mirrored(self, next_creator, kwargs):
+    if kwargs.get('synchronization') == tf.VariableSynchronization.NONE:
+      raise errors.InvalidArgumentError(
+          'MirroredStrategy cannot mirror variable {!r} created with '
+          'synchronization=tf.VariableSynchronization.NONE: its copies would '
+          'never be kept equal. Use AUTO (the default) or ON_WRITE, or create '
+          'it outside the strategy\'s scope.'.format(kwargs.get('name')))
     kwargs = dict(kwargs)
     collections = kwargs.get('collections')
     collections = list(collections) if collections is not None else [
@@ -273,7 +284,7 @@ class MirroredExtended(distribute_lib.StrategyExtended):
           tf1.name_scope('update_{}'.format(i)):
         results.append(fn(copy, *self._select(device, args),
                           **self._select(device, kwargs)))
-    return _regroup_updates(results, group)
+    return _regroup_updates(results, [device for device, _ in pairs], group)
 
   def _non_slot_devices(self, var_list):
     del var_list  # Every device holds a copy of every non-slot variable.
@@ -286,7 +297,7 @@ class MirroredExtended(distribute_lib.StrategyExtended):
           tf1.name_scope('update_{}'.format(i)):
         results.append(fn(*self._select(device, args),
                           **self._select(device, kwargs)))
-    return _regroup_updates(results, group)
+    return _regroup_updates(results, list(colocate_with), group)
 
   def _select(self, device, structure):
     return mirrored_run.select_replica(device, structure)
@@ -324,18 +335,37 @@ def _initial_value_of(primary):
   return initial_value
 
 
-def _regroup_updates(results, group):
-  """Per leaf of the update results: one grouped op, or the tuple of results."""
+def _regroup_updates(results, devices, group):
+  """Per leaf of the update results, as TF's MirroredStrategy returns them.
+
+  Args:
+    results: what the update function returned, per device.
+    devices: the devices, in the order of `results`.
+    group: False for the tuple of results per leaf. True for one op running
+      every device's update where the results are ops, and where they are
+      tensors (e.g. what `assign(..., read_value=True)` returns) a
+      `Mirrored` of their values, each read once every device's update ran.
+
+  Returns:
+    The nest of `results[0]`, with a leaf as described for `group`.
+  """
   flats = [tf.nest.flatten(r) for r in results]
   leaves = []
   for column in zip(*flats):
-    present = [c for c in column if c is not None]
+    present = [(d, c) for d, c in zip(devices, column) if c is not None]
     if not present:
       leaves.append(None)
-    elif group:
-      leaves.append(tf.group(*present))
-    else:
+    elif not group:
       leaves.append(tuple(column))
+    elif all(tf.is_tensor(c) for _, c in present):
+      every_update = tf.group(*[c for _, c in present])
+      values = {}
+      for device, value in present:
+        with tf.device(device), tf.control_dependencies([every_update]):
+          values[device] = tf.identity(value)
+      leaves.append(values_lib.Mirrored(values))
+    else:
+      leaves.append(tf.group(*[c for _, c in present]))
   return tf.nest.pack_sequence_as(results[0], leaves)
 
 

@@ -139,11 +139,14 @@ class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):
     if (distribute_context.get_update_device() is None and
         replica is not None and replica.strategy is self._strategy):
       raise errors.ContextError(
-          'MirroredVariable.{} was called inside replica {} of its strategy: '
-          'assigning one copy would make the copies differ. Assign in a '
-          'cross-replica context, e.g. get_replica_context().merge_call('
-          'lambda strategy: strategy.extended.update(var, fn)).'.format(
-              method, replica.replica_id_in_sync_group))
+          'MirroredVariable.{} of {} was called inside replica {} of its '
+          'strategy: assigning one copy would make the copies differ. Assign '
+          'in a cross-replica context, e.g. get_replica_context().merge_call('
+          'lambda strategy: strategy.extended.update(var, fn)); ops that '
+          'update variables as they run (tf.compat.v1.metrics, '
+          'batch_normalization(training=True)) must be built outside the '
+          'replicas.'.format(method, self.primary.op.name,
+                             replica.replica_id_in_sync_group))
 
   def _assign(self, method, value, use_locking, name, read_value):
     self._check_assign_context(method)
@@ -153,15 +156,16 @@ class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):
 
     def update(copy, value):
       return getattr(copy, method)(value, use_locking=use_locking,
-                                   read_value=False)
+                                   read_value=read_value)
     return self._strategy.extended.update(self, update, args=(value,))
 
   def assign(self, value, use_locking=None, name=None, read_value=True):
     """Assigns `value` to every copy (cross-replica) or to the updated copy.
 
     Returns:
-      In an `UpdateContext`, what the copy's `assign` returns; else one op
-      assigning every copy.
+      In an `UpdateContext`, what the copy's `assign` returns. Else, as in
+      TF: with `read_value`, a `Mirrored` of the new values, read once every
+      copy is assigned; without, one op assigning every copy.
 
     Raises:
       ContextError: inside a replica of this variable's strategy.
@@ -207,12 +211,6 @@ def _operator(name):
   return apply
 
 
-for _name in ('__add__', '__radd__', '__sub__', '__rsub__', '__mul__',
-              '__rmul__', '__truediv__', '__rtruediv__', '__floordiv__',
-              '__rfloordiv__', '__mod__', '__rmod__', '__pow__', '__rpow__',
-              '__matmul__', '__rmatmul__', '__neg__', '__abs__',
-              '__getitem__', '__lt__', '__le__', '__gt__', '__ge__',
-              '__and__', '__rand__', '__or__', '__ror__', '__xor__',
-              '__rxor__', '__invert__'):
+for _name in values_lib.OPERATORS:
   setattr(MirroredVariable, _name, _operator(_name))
 del _name

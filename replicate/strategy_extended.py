@@ -127,7 +127,7 @@ class StrategyExtended(object):
     """Pushes the cross-replica context of `strategy` (see `Strategy.scope`)."""
     context = distribute_context.current_context()
     if context.cross_replica_context is strategy:
-      yield  # Entering the scope again: nothing more to push.
+      yield strategy  # Entering the scope again: nothing more to push.
       return
     if context.strategy is not distribute_context.default_strategy():
       if context.strategy is not strategy:
@@ -139,7 +139,7 @@ class StrategyExtended(object):
               context.replica_context.replica_id_in_sync_group))
     with distribute_context.push_cross_replica(strategy):
       with self._scope_extras():
-        yield
+        yield strategy  # `with strategy.scope() as s` gives it, as in TF.
 
   def _scope_extras(self):
     """What a subclass enters inside its scope (e.g. a variable creator)."""
@@ -297,7 +297,10 @@ class StrategyExtended(object):
       args: positional arguments.
       kwargs: keyword arguments.
       group: True to return, per leaf of `fn`'s result, one op running all
-        copies' updates; False to return, per leaf, the tuple of results.
+        copies' updates (where `fn` returns ops) or a `Mirrored` of their
+        values read after all of them (where it returns tensors, e.g. an
+        `assign` that reads its value), as TF does; False to return, per
+        leaf, the tuple of results.
 
     Returns:
       See `group`.

@@ -124,10 +124,73 @@ PerReplica = PerDevice
 
 
 class Mirrored(DistributedValues):
-  """The same value, copied onto each device."""
+  """The same value, copied onto each device.
+
+  Like TF's, it stands for its value where a tensor is expected: converted
+  to a tensor (e.g. `tf.identity(mirrored)`, `tf.group(mirrored)`) it is the
+  copy on the current `tf.device` (the primary copy outside any device
+  scope), Python operators (`mirrored * 2`) act on it, `session.run(mirrored)`
+  fetches it, and `device`, `dtype`, `shape` and `op` are its.
+  """
 
   def _get_without_device(self):
     return self._index[self.primary_device]
+
+  def _as_graph_element(self):
+    value = self.get()
+    as_graph_element = getattr(value, '_as_graph_element', None)
+    return as_graph_element() if callable(as_graph_element) else value
+
+  # The copy's, as TF's Mirrored delegates them: e.g. `tf.group` of update
+  # results asks for `device`, and `control_dependencies` then depends on
+  # the copy (see `_as_graph_element`).
+  @property
+  def device(self):
+    return self.get().device
+
+  @property
+  def dtype(self):
+    return self.get().dtype
+
+  @property
+  def shape(self):
+    return self.get().shape
+
+  @property
+  def op(self):
+    return self.get().op
+
+
+def _mirrored_to_tensor(value, dtype=None, name=None, as_ref=False):
+  del as_ref  # Only variables have references; MirroredVariable's own wins.
+  return tf.convert_to_tensor(value.get(), dtype=dtype, name=name)
+
+
+# After the default priority (100), so that subclasses with conversions of
+# their own (MirroredVariable) keep them.
+tf.register_tensor_conversion_function(Mirrored, _mirrored_to_tensor,
+                                       priority=101)
+
+# Python operators (`mirrored * 2`) act on the copy's tensor, as TF's do.
+OPERATORS = ('__add__', '__radd__', '__sub__', '__rsub__', '__mul__',
+             '__rmul__', '__truediv__', '__rtruediv__', '__floordiv__',
+             '__rfloordiv__', '__mod__', '__rmod__', '__pow__', '__rpow__',
+             '__matmul__', '__rmatmul__', '__neg__', '__abs__',
+             '__getitem__', '__lt__', '__le__', '__gt__', '__ge__',
+             '__and__', '__rand__', '__or__', '__ror__', '__xor__',
+             '__rxor__', '__invert__')
+
+
+def _tensor_operator(name):
+  def apply(self, *args):
+    return getattr(tf.convert_to_tensor(self), name)(*args)
+  apply.__name__ = name
+  return apply
+
+
+for _name in OPERATORS:
+  setattr(Mirrored, _name, _tensor_operator(_name))
+del _name
 
 
 def _device_of_graph_object(obj, what):

@@ -81,12 +81,14 @@ class ScopeRulesTest(tf.test.TestCase):
 
   def test_scope_makes_strategy_current_and_cross_replica(self):
     strategy = _mirrored()
-    with strategy.scope():
+    with strategy.scope() as entered:  # as in TF, the scope gives the strategy
+      self.assertIs(entered, strategy)
       self.assertIs(replicate.get_strategy(), strategy)
       self.assertTrue(replicate.has_strategy())
       self.assertIsNone(replicate.get_replica_context())
       self.assertIs(replicate.get_cross_replica_context(), strategy)
-      with strategy.scope():  # Re-entering the same scope is allowed.
+      with strategy.scope() as again:  # Re-entering the same scope is allowed.
+        self.assertIs(again, strategy)
         self.assertIs(replicate.get_strategy(), strategy)
       self.assertIs(replicate.get_strategy(), strategy)
     self.assertFalse(replicate.has_strategy())

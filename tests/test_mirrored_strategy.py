@@ -128,6 +128,29 @@ class MirroredVariableTest(tf.test.TestCase):
         sess.run(assign_op)
         self.assertAllEqual(sess.run(list(v.values)), [7.] * NUM)
 
+  def test_cross_replica_assign_returns_the_new_values_as_tf_does(self):
+    # TF: an assign that reads its value (the default) returns a Mirrored of
+    # the new values, read once every copy is assigned; read_value=False, an
+    # op. `tf.group` and `session.run` take either.
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with strategy.scope():
+        step = tf1.Variable(0, name='step')
+      incremented = step.assign_add(1)
+      quiet = step.assign_add(10, read_value=False)
+      self.assertIsInstance(incremented, values.Mirrored)
+      self.assertEqual(incremented.devices, step.devices)
+      self.assertIsInstance(quiet, tf.Operation)
+      doubled = incremented * 2
+      grouped = tf.group(incremented)
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run(step.initializer)
+        self.assertEqual(sess.run(incremented), 1)
+        sess.run(quiet)
+        self.assertEqual(sess.run(doubled), 24)  # (11 + 1) * 2
+        sess.run(grouped)
+        self.assertAllEqual(sess.run(list(step.values)), [13] * NUM)
+
   def test_checkpoint_round_trip_with_one_device_model(self):
     # Saver writes the primary copy under the plain variable's name and a
     # restore sets every copy, so checkpoints move between a mirrored and an
@@ -188,9 +211,34 @@ class MirroredVariableTest(tf.test.TestCase):
         v = tf1.Variable(0.0, name='v')
       with self.assertRaisesRegex(
           errors.ContextError,
-          r'MirroredVariable.assign_add was called inside replica 0 .*'
+          r'MirroredVariable.assign_add of v was called inside replica 0 .*'
           'merge_call'):
         strategy.experimental_run_v2(lambda: v.assign_add(1.0))
+      # A metric updates its variables as it runs: the message says where
+      # to build it.
+      with self.assertRaisesRegex(
+          errors.ContextError,
+          r'of mean/total was called inside replica 0 .*tf.compat.v1.metrics'
+          r'.* must be built outside the replicas'):
+        strategy.experimental_run_v2(
+            lambda: tf1.metrics.mean(tf.constant(1.0), name='mean'))
+
+  def test_synchronization_none_is_an_error_as_in_tf(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with strategy.scope():
+        with self.assertRaisesRegex(
+            errors.InvalidArgumentError,
+            r"cannot mirror variable 'n' created with "
+            r'synchronization=tf.VariableSynchronization.NONE'):
+          tf1.get_variable('n', [],
+                           synchronization=tf.VariableSynchronization.NONE)
+        # ON_READ is mirrored like any other variable (replicas cannot write
+        # it: nothing to aggregate when reading it).
+        on_read = tf1.get_variable(
+            'r', [], synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.SUM)
+      self.assertIsInstance(on_read, mirrored_strategy.MirroredVariable)
 
   def test_variables_created_in_replicas_are_shared(self):
     strategy = _strategy()

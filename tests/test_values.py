@@ -116,6 +116,27 @@ class ValuesTest(tf.test.TestCase):
                                     'Device .*CPU:2 is not one of the devices'):
           v.get()
 
+  def test_mirrored_stands_for_its_copy_as_a_tensor(self):
+    with tf.Graph().as_default():
+      copies = {}
+      for i, d in enumerate(['/cpu:0', '/cpu:1']):
+        with tf.device(d):
+          copies[d] = tf.constant([float(i + 1)])
+      m = values.Mirrored(copies)
+      doubled = m * 2  # the primary copy, outside any device scope
+      with tf.device('/cpu:1'):
+        local = tf.identity(m)
+        self.assertEqual(m.device, copies['/cpu:1'].device)
+      self.assertEqual((m.dtype, m.shape.as_list()), (tf.float32, [1]))
+      with tf.control_dependencies([m]):
+        after = tf.constant(0)
+      self.assertIn(copies['/cpu:0'].op, after.op.control_inputs)
+      with tf1.Session(config=replicate.testing.virtual_cpu_config(2)) as s:
+        self.assertAllEqual(s.run([m, doubled, local]), [[1.], [2.], [2.]])
+      # A PerDevice has no one value to stand for.
+      with self.assertRaises((TypeError, ValueError)):
+        tf.convert_to_tensor(values.PerDevice(copies))
+
   def test_bad_construction(self):
     with self.assertRaisesRegex(errors.InvalidTypeError,
                                 'built from a {device: value} dict'):
