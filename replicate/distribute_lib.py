@@ -287,25 +287,52 @@ class Strategy(object):
     with self.scope():
       return self._extended.call_for_each_replica(fn, args=args, kwargs=kwargs)
 
-  def reduce(self, reduce_op, value):
+  def reduce(self, reduce_op, value, axis=None):
     """Reduces a per-replica `value` to one tensor (on the host).
 
     Args:
-      reduce_op: `ReduceOp.SUM` / `MEAN` (or `tf.VariableAggregation`).
+      reduce_op: `ReduceOp.SUM` / `MEAN`, TF's `tf.distribute.ReduceOp`, a
+        `tf.VariableAggregation` SUM / MEAN, or (as in TF) the string 'sum' /
+        'mean' in any case.
       value: a per-replica value (e.g. from `experimental_run`), or a single
         tensor (MEAN gives it back; SUM needs one replica).
+      axis: None to reduce across replicas only; an int to reduce each
+        replica's value along that dimension too, as TF does: SUM adds
+        everything, MEAN divides that sum by the total length of the
+        dimension over all replicas (replicas may have different lengths).
 
     Returns:
       A tensor.
 
     Raises:
       ContextError: inside a replica.
-      InvalidArgumentError: for another reduce op, or SUM of a plain value
-        over several replicas.
+      InvalidArgumentError: for another reduce op or string, or SUM of a
+        plain value over several replicas.
+      InvalidTypeError: if `axis` is neither None nor an int.
     """
     require_cross_replica_or_default_context(self._extended, 'reduce')
+    if isinstance(reduce_op, str) and reduce_op.upper() in ('SUM', 'MEAN'):
+      reduce_op = ReduceOp(reduce_op.upper())
     reduce_op = reduce_util.as_reduce_op(reduce_op)
-    return self._extended._reduce(reduce_op, value)  # pylint: disable=protected-access
+    extended = self._extended
+    if axis is None:
+      return extended._reduce(reduce_op, value)  # pylint: disable=protected-access
+    if not isinstance(axis, int) or isinstance(axis, bool):
+      raise errors.InvalidTypeError(
+          'reduce takes an int axis (or None for no reduction within '
+          'replicas), got {!r} of type {}.'.format(axis, type(axis).__name__))
+    if reduce_op == ReduceOp.SUM:
+      sums = self.experimental_run_v2(
+          lambda v: tf.reduce_sum(v, axis=axis), args=(value,))
+      return extended._reduce(ReduceOp.SUM, sums)  # pylint: disable=protected-access
+
+    def sum_and_length(v):
+      v = tf.convert_to_tensor(v)
+      return (tf.reduce_sum(v, axis=axis),
+              tf.cast(tf.shape(v)[axis], v.dtype))
+    sums, lengths = self.experimental_run_v2(sum_and_length, args=(value,))
+    return (extended._reduce(ReduceOp.SUM, sums) /  # pylint: disable=protected-access
+            extended._reduce(ReduceOp.SUM, lengths))  # pylint: disable=protected-access
 
   def unwrap(self, value):
     """The per-replica components of `value`, as a tuple.

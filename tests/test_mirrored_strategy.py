@@ -582,6 +582,36 @@ class ReduceTest(tf.test.TestCase):
         self.assertAllClose(sess.run(list(batch[0].values)), [2.5] * NUM)
         self.assertAllClose(sess.run(list(broadcast.values)), [3.0] * NUM)
 
+  def test_reduce_along_an_axis_and_by_name(self):
+    # As TF: replica i holds i + 1 rows of [i, i] (replicas may differ in
+    # length). Along axis 0, SUM adds every row: sum_i (i + 1) * i = 0 + 2 +
+    # 6 + 12 = 20 per column; MEAN divides by all rows, 1 + 2 + 3 + 4 = 10:
+    # 2.0 per column. Along axis -1 of one row [i, i] per replica: SUM
+    # 2 * (0 + 1 + 2 + 3) = 12; MEAN 12 / (4 * 2) = 1.5.
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      uneven = values.PerReplica({
+          d: tf.fill([i + 1, 2], float(i)) for i, d in enumerate(DEVICES)})
+      rows = values.PerReplica({
+          d: tf.fill([1, 2], float(i)) for i, d in enumerate(DEVICES)})
+      with strategy.scope():
+        results = [
+            strategy.reduce('sum', uneven, axis=0),
+            strategy.reduce(tf.distribute.ReduceOp.MEAN, uneven, axis=0),
+            strategy.reduce('SUM', rows, axis=-1),
+            strategy.reduce(MEAN, rows, axis=-1),
+        ]
+        with self.assertRaisesRegex(errors.InvalidTypeError,
+                                    "int axis .*got '0'"):
+          strategy.reduce(SUM, uneven, axis='0')
+        with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                    "Cannot reduce with 'max'"):
+          strategy.reduce('max', uneven)
+      with tf1.Session(config=CONFIG) as sess:
+        got = sess.run(results)
+    for expected, value in zip(([20., 20.], [2., 2.], [12.], [1.5]), got):
+      self.assertAllClose(expected, value)
+
   def test_sum_of_a_single_value_raises(self):
     strategy = _strategy()
     with tf.Graph().as_default(), strategy.scope():
