@@ -119,6 +119,23 @@ class ArgumentErrorsTest(tf.test.TestCase):
         optimizer.compute_gradients(tf.constant(1.))
 
 
+def _extra_optimizer_call_in(tower_id):
+  """A model_fn whose tower `tower_id` makes one more optimizer call."""
+
+  def model_fn(features, labels, mode):
+    del labels
+    w = tf1.get_variable('w', [3, 1])
+    loss = tf.reduce_mean(tf.matmul(features['x'], w))
+    optimizer = replicate.TowerOptimizer(
+        tf1.train.GradientDescentOptimizer(0.1))
+    ops = [optimizer.minimize(loss)]
+    if replicate.get_tower_context().tower_id == tower_id:
+      ops.append(optimizer.minimize(2 * loss))
+    return _spec(mode, loss, tf.group(*ops))
+
+  return model_fn
+
+
 class ModelFnErrorsTest(tf.test.TestCase):
 
   def test_batch_not_divisible(self):
@@ -159,17 +176,7 @@ class ModelFnErrorsTest(tf.test.TestCase):
     _build(model_fn, mt.cpus(1))  # one device: a plain optimizer is fine
 
   def test_different_optimizer_calls(self):
-    def model_fn(features, labels, mode):
-      del labels
-      w = tf1.get_variable('w', [3, 1])
-      loss = tf.reduce_mean(tf.matmul(features['x'], w))
-      optimizer = replicate.TowerOptimizer(
-          tf1.train.GradientDescentOptimizer(0.1))
-      ops = [optimizer.minimize(loss)]
-      if replicate.get_tower_context().tower_id == 0:
-        ops.append(optimizer.minimize(2 * loss))
-      return _spec(mode, loss, tf.group(*ops))
-
+    model_fn = _extra_optimizer_call_in(tower_id=0)
     with self.assertRaisesRegex(
         ValueError, r'made \[2, 1\] apply_gradients calls'):
       _build(model_fn, mt.cpus(2),
@@ -182,17 +189,7 @@ class ModelFnErrorsTest(tf.test.TestCase):
       _build(model_fn, mt.cpus(2))
 
   def test_more_optimizer_calls_in_a_later_tower(self):
-    def model_fn(features, labels, mode):
-      del labels
-      w = tf1.get_variable('w', [3, 1])
-      loss = tf.reduce_mean(tf.matmul(features['x'], w))
-      optimizer = replicate.TowerOptimizer(
-          tf1.train.GradientDescentOptimizer(0.1))
-      ops = [optimizer.minimize(loss)]
-      if replicate.get_tower_context().tower_id == 1:
-        ops.append(optimizer.minimize(2 * loss))
-      return _spec(mode, loss, tf.group(*ops))
-
+    model_fn = _extra_optimizer_call_in(tower_id=1)
     # Tower 1 applies for both towers: before this check it failed with an
     # IndexError looking up tower 0's second call.
     with self.assertRaisesRegex(
