@@ -70,6 +70,11 @@ class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):
       return self.values[replica.replica_id_in_sync_group]
     return self.primary
 
+  def _copy_as_tensor(self):
+    # Where a tensor is expected (device, dtype, fetching, ...): the copy the
+    # context means, as everywhere else for a variable.
+    return self._local_copy()
+
   def get(self, device=None):
     """The copy on `device`; with no device, the copy the context means.
 

@@ -129,15 +129,26 @@ class Mirrored(DistributedValues):
   Like TF's, it stands for its value where a tensor is expected: converted
   to a tensor (e.g. `tf.identity(mirrored)`, `tf.group(mirrored)`) it is the
   copy on the current `tf.device` (the primary copy outside any device
-  scope), Python operators (`mirrored * 2`) act on it, `session.run(mirrored)`
+  scope, or in one that holds no copy), Python operators (`mirrored * 2`) act on it, `session.run(mirrored)`
   fetches it, and `device`, `dtype`, `shape` and `op` are its.
   """
 
   def _get_without_device(self):
     return self._index[self.primary_device]
 
+  def _copy_as_tensor(self):
+    """The copy on the current `tf.device` if there is one, else the primary.
+
+    Where a tensor is expected any copy is right (they are equal), so a
+    device scope that holds no copy is no error here.
+    """
+    device = _compat.current_device()
+    if device and self.on_device(device):
+      return self._lookup(device)
+    return self._index[self.primary_device]
+
   def _as_graph_element(self):
-    value = self.get()
+    value = self._copy_as_tensor()
     as_graph_element = getattr(value, '_as_graph_element', None)
     return as_graph_element() if callable(as_graph_element) else value
 
@@ -146,24 +157,25 @@ class Mirrored(DistributedValues):
   # the copy (see `_as_graph_element`).
   @property
   def device(self):
-    return self.get().device
+    return self._copy_as_tensor().device
 
   @property
   def dtype(self):
-    return self.get().dtype
+    return self._copy_as_tensor().dtype
 
   @property
   def shape(self):
-    return self.get().shape
+    return self._copy_as_tensor().shape
 
   @property
   def op(self):
-    return self.get().op
+    return self._copy_as_tensor().op
 
 
 def _mirrored_to_tensor(value, dtype=None, name=None, as_ref=False):
   del as_ref  # Only variables have references; MirroredVariable's own wins.
-  return tf.convert_to_tensor(value.get(), dtype=dtype, name=name)
+  # pylint: disable=protected-access
+  return tf.convert_to_tensor(value._copy_as_tensor(), dtype=dtype, name=name)
 
 
 # After the default priority (100), so that subclasses with conversions of

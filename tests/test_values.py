@@ -127,12 +127,15 @@ class ValuesTest(tf.test.TestCase):
       with tf.device('/cpu:1'):
         local = tf.identity(m)
         self.assertEqual(m.device, copies['/cpu:1'].device)
+      with tf.device('/cpu:3'):  # no copy there: any copy will do
+        elsewhere = m + 0
       self.assertEqual((m.dtype, m.shape.as_list()), (tf.float32, [1]))
       with tf.control_dependencies([m]):
         after = tf.constant(0)
       self.assertIn(copies['/cpu:0'].op, after.op.control_inputs)
-      with tf1.Session(config=replicate.testing.virtual_cpu_config(2)) as s:
-        self.assertAllEqual(s.run([m, doubled, local]), [[1.], [2.], [2.]])
+      with tf1.Session(config=replicate.testing.virtual_cpu_config(4)) as s:
+        self.assertAllEqual(s.run([m, doubled, local, elsewhere]),
+                            [[1.], [2.], [2.], [1.]])
       # A PerDevice has no one value to stand for.
       with self.assertRaises((TypeError, ValueError)):
         tf.convert_to_tensor(values.PerDevice(copies))
