@@ -96,27 +96,30 @@ def record(model, config, steps, frequency, data_path):
 
 
 def kinds(data_path, window):
-  """Shares of the samples in `window` (seconds), by kind of work, in %."""
+  """Samples taken in `window` (seconds), by kind of work.
+
+  Returns:
+    `(counts, total)`: a Counter of samples per kind, and their sum.
+  """
   start, end = window
   out = subprocess.run(
-      ['perf', 'report', '-i', data_path, '--no-children', '--stdio',
+      ['perf', 'report', '-i', data_path, '--no-children', '--stdio', '-n',
        '--sort', 'dso,symbol', '-g', 'none', '--percent-limit', '0',
        '--time', '{:.6f},{:.6f}'.format(start, end)],
       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout.decode(
           'utf-8', 'replace')
-  shares = collections.Counter()
+  counts = collections.Counter()
   for line in out.splitlines():
     parsed = _parse_line(line)
-    if parsed is None:
-      continue
-    percent, dso, symbol = parsed
-    shares[_kind(dso, symbol)] += percent
-  return shares
+    if parsed is not None:
+      samples, dso, symbol = parsed
+      counts[_kind(dso, symbol)] += samples
+  return counts, sum(counts.values())
 
 
 def _parse_line(line):
-  """`(percent, dso, symbol)` of one `perf report --stdio` row, or None."""
-  match = re.match(r'\s*([\d.]+)%\s+(.*?)\s+\[(.)\]\s+(.*\S)', line)
+  """`(samples, dso, symbol)` of one `perf report --stdio -n` row, or None."""
+  match = re.match(r'\s*[\d.]+%\s+(\d+)\s+(.*?)\s+\[(.)\]\s+(.*\S)', line)
   if match is None:
     return None
   dso = match.group(2)
@@ -124,7 +127,7 @@ def _parse_line(line):
     dso = '[JIT]'
   elif match.group(3) == 'k':
     dso = '[kernel]'
-  return float(match.group(1)), dso, match.group(4)
+  return int(match.group(1)), dso, match.group(4)
 
 
 def _kind(dso, symbol):
@@ -150,17 +153,6 @@ def to_markdown(rows):
   lines.append('| samples in the window | {} |'.format(' | '.join(
       str(row['samples']) for row in rows)))
   return '\n'.join(lines)
-
-
-def _samples(data_path, window):
-  """How many samples `perf` took in `window` (all threads)."""
-  out = subprocess.run(
-      ['perf', 'report', '-i', data_path, '--stdio', '-n', '--sort', 'comm',
-       '--time', '{:.6f},{:.6f}'.format(*window)],
-      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout.decode(
-          'utf-8', 'replace')
-  return sum(int(match.group(1)) for match in re.finditer(
-      r'^\s*[\d.]+%\s+(\d+)\s', out, re.MULTILINE))
 
 
 def main(argv=None):
@@ -192,17 +184,15 @@ def main(argv=None):
         print('{}: {}: {}'.format(config, result.get('status'),
                                   result.get('reason')))
         continue
-      window = result['window_s']
-      shares = kinds(data_path, window)
+      counts, total = kinds(data_path, result['window_s'])
       cpu_ms = result['cpu_s_per_step'] * 1e3
-      total = sum(shares.values()) or 1.0
       rows.append({
           'config': config,
           'cpu_ms': cpu_ms,
           'examples_per_s': result['examples_per_s'],
-          'samples': _samples(data_path, window),
-          'ms': dict((name, share / total * cpu_ms)
-                     for name, share in shares.items()),
+          'samples': total,
+          'ms': dict((name, count / max(total, 1) * cpu_ms)
+                     for name, count in counts.items()),
       })
   finally:
     if not args.keep:
