@@ -25,6 +25,7 @@ import tensorflow as tf
 from replicate import distribute_context
 from replicate import replica_context
 from replicate import errors
+from replicate import reduce_util
 from replicate import values as values_lib
 from replicate._compat import tf1
 
@@ -162,26 +163,86 @@ class MirroredReplicaContext(replica_context.ReplicaContext):
       flat = [tf.identity(v) for v in tf.nest.flatten(value)]
     if not flat:
       return value
-    context = self
-
-    @tf.custom_gradient
-    def all_reduce(*tensors):
-      def grad(*upstream):
-        # d(sum_j x_j)/dx_i = 1 for every j: each input gets the all-sum of
-        # the output gradients (the all-mean for MEAN, which scales by 1/n).
-        return context._all_reduce_values(reduce_op, list(upstream))  # pylint: disable=protected-access
-      return context._all_reduce_values(reduce_op, list(tensors)), grad  # pylint: disable=protected-access
-
-    reduced = all_reduce(*flat)
-    if not isinstance(reduced, (list, tuple)):
-      reduced = [reduced]
-    return tf.nest.pack_sequence_as(value, list(reduced))
+    reduced = self._all_reduce_values(reduce_op, flat)
+    # The reduced tensors depend on every replica's inputs; differentiating
+    # through that graph would give replica i only its own input's share.
+    # Each reduced tensor is instead handed out by an IdentityN that also
+    # takes this replica's inputs, and whose gradient (registered below)
+    # sends nothing into the reduction and the all-reduced output gradients
+    # to the inputs. (`tf.custom_gradient` cannot serve here: it looks for
+    # the variables its outputs depend on, walks into the other replicas and
+    # fails on their copies of a mirrored variable.) Replicas build one at a
+    # time (see the module docstring), so the graph's override map is this
+    # replica's while the op is made.
+    graph = tf1.get_default_graph()
+    with graph.gradient_override_map(
+        {'IdentityN': _ALL_REDUCE_GRADIENTS[reduce_op]}), tf.device(
+            self._thread.device):
+      outputs = tf.identity_n(list(reduced) + flat, name='all_reduce')
+    return tf.nest.pack_sequence_as(value, list(outputs[:len(flat)]))
 
   def _all_reduce_values(self, reduce_op, tensors):
     def merge_fn(strategy, per_replica):
       return strategy.extended.batch_reduce_to(
           reduce_op, [(v, v) for v in per_replica])
     return list(self.merge_call(merge_fn, args=(tensors,)))
+
+
+# The gradient of an all-sum is the all-sum of the output gradients; that of
+# an all-mean, their all-mean (each output is 1/n of every input).
+_ALL_REDUCE_GRADIENTS = {
+    reduce_util.ReduceOp.SUM: 'ReplicateAllReduceSum',
+    reduce_util.ReduceOp.MEAN: 'ReplicateAllReduceMean',
+}
+
+
+def _all_reduce_gradient(reduce_op, op, grads):
+  """Gradients of `MirroredReplicaContext._all_reduce`'s IdentityN.
+
+  Its inputs are the n reduced tensors, then this replica's n inputs; its
+  first n outputs are the results. The reduced tensors get no gradient; each
+  floating-point input gets the all-reduce of its result's gradient (zeros
+  where the result has none), which every replica computes in the same
+  order, so their `merge_call`s pair up.
+
+  Raises:
+    ContextError: outside the replica that built the all-reduce (e.g.
+      `tf.gradients` called on the results after `call_for_each_replica`
+      returned): the other replicas' gradients are not there to add.
+  """
+  count = len(op.inputs) // 2
+  context = distribute_context.get_replica_context()
+  if not isinstance(context, MirroredReplicaContext):
+    raise errors.ContextError(
+        'The gradient of all_reduce {} must be built inside the function '
+        'given to call_for_each_replica / experimental_run_v2: its inputs '
+        "get the all-reduce of every replica's output gradients, which only "
+        'the replicas can compute together.'.format(op.name))
+  positions = []
+  upstream = []
+  for position, (grad, tensor) in enumerate(zip(grads[:count],
+                                                op.inputs[count:])):
+    if not (tensor.dtype.is_floating or tensor.dtype.is_complex):
+      continue
+    positions.append(position)
+    upstream.append(tf.zeros_like(tensor) if grad is None else
+                    tf1.convert_to_tensor(grad))
+  input_grads = [None] * count
+  if upstream:
+    for position, grad in zip(positions,
+                              context.all_reduce(reduce_op, upstream)):
+      input_grads[position] = grad
+  return [None] * count + input_grads
+
+
+@tf1.RegisterGradient(_ALL_REDUCE_GRADIENTS[reduce_util.ReduceOp.SUM])
+def _all_sum_gradient(op, *grads):
+  return _all_reduce_gradient(reduce_util.ReduceOp.SUM, op, grads)
+
+
+@tf1.RegisterGradient(_ALL_REDUCE_GRADIENTS[reduce_util.ReduceOp.MEAN])
+def _all_mean_gradient(op, *grads):
+  return _all_reduce_gradient(reduce_util.ReduceOp.MEAN, op, grads)
 
 
 def _is_plain_python(value):

@@ -98,7 +98,10 @@ class ReplicaContext(object):
     """Reduces `value` (a nest of tensors) over replicas; all get the result.
 
     Differentiable: the gradient flowing into each replica's input is the
-    all-reduce (same op) of the gradients of every replica's output.
+    all-reduce (same op) of the gradients of every replica's output, also
+    where the inputs depend on mirrored variables. Build that gradient inside
+    the replicas (`tf.gradients` in the replica function; elsewhere the
+    strategy raises `ContextError`).
 
     Args:
       reduce_op: `ReduceOp.SUM` / `MEAN` (or `tf.VariableAggregation`).

@@ -527,6 +527,46 @@ class AllReduceTest(parameterized.TestCase, tf.test.TestCase):
         grads = sess.run(strategy.unwrap(grads))
     self.assertAllClose(grads, [[expected, expected]] * NUM)
 
+  @parameterized.parameters(
+      # Replica i: y_i = x_i * v with x_i = [i, i + 1], z = all_reduce(y),
+      # loss_i = c_i * sum(z), c_i = i + 1. The backward all-sum gives every
+      # y_i the gradient sum_j c_j = 10, so replica i's copy of v gets
+      # 10 * x_i = [10 i, 10 (i + 1)].
+      (SUM, 10.0),
+      # MEAN: (1/4) sum_j c_j = 2.5, times x_i.
+      (MEAN, 2.5))
+  def test_gradients_of_a_mirrored_variable(self, reduce_op, factor):
+    # TF 1.15's own all_reduce fails here ("Unsuccessful at finding variable
+    # v/replica_1"): tf.custom_gradient walks from the reduced output into
+    # the other replicas and cannot find their copies of v.
+    strategy = _strategy()
+
+    def fn():
+      i = float(replicate.get_replica_context().replica_id_in_sync_group)
+      y = tf.constant([i, i + 1.0]) * variable
+      z = replicate.get_replica_context().all_reduce(reduce_op, y)
+      return tf.gradients(tf.reduce_sum((i + 1.0) * z), variable)[0]
+    with tf.Graph().as_default():
+      with strategy.scope():
+        variable = tf1.get_variable(
+            'v', [2], initializer=tf1.constant_initializer([3.0, 5.0]))
+        grads = strategy.experimental_run_v2(fn)
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run(tf1.global_variables_initializer())
+        grads = sess.run(strategy.unwrap(grads))
+    self.assertAllClose(
+        grads, [[factor * i, factor * (i + 1)] for i in range(NUM)])
+
+  def test_gradient_outside_the_replicas_raises(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      x = tf.constant([1.0, 2.0])
+      reduced = strategy.experimental_run_v2(
+          lambda: replicate.get_replica_context().all_reduce(SUM, x))
+      with self.assertRaisesRegex(errors.ContextError,
+                                  'must be built inside the function'):
+        tf.gradients(strategy.unwrap(reduced)[0], x)
+
   def test_mean_of_integers_raises(self):
     strategy = _strategy()
     with tf.Graph().as_default():
