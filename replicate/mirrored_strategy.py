@@ -170,6 +170,19 @@ class MirroredExtended(distribute_lib.StrategyExtended):
           copy_kwargs['name'] = '{}/replica_{}/'.format(primary.op.name, i)
           copy_kwargs['initial_value'] = _initial_value_of(primary)
           index[device] = next_creator(**copy_kwargs)
+    return self._mirror(index, collections)
+
+  def _mirror(self, index, collections):
+    """Makes copies (one per device) one `MirroredVariable`.
+
+    Args:
+      index: {device: copy}, a copy on every device of the strategy.
+      collections: the collections the `MirroredVariable` joins; the copies
+        leave every variable collection.
+
+    Returns:
+      The `MirroredVariable`.
+    """
     mirrored = MirroredVariable(self._container_strategy(), index)
     copy_ids = set(id(copy) for copy in mirrored.values)
     for copy in mirrored.values:
@@ -182,6 +195,34 @@ class MirroredExtended(distribute_lib.StrategyExtended):
       members[:] = [v for v in members if id(v) not in copy_ids]
     tf1.add_to_collections(collections, mirrored)
     return mirrored
+
+  def _mirror_slots(self, optimizer, variables):
+    """Groups the per-copy slots `optimizer` made for `variables`.
+
+    `apply_gradients_across_replicas` updates each copy of a mirrored
+    variable on its own, so the optimizer makes each slot once per copy
+    (`w/Momentum`, `w/replica_1/Momentum`, ...). Grouped as a
+    `MirroredVariable`, a slot is one variable in `GLOBAL_VARIABLES` and one
+    checkpoint key (the primary copy's slot, named as one device names it),
+    and a restore sets every copy: checkpoints move between mirrored and
+    unreplicated models, and between numbers of devices.
+
+    Args:
+      optimizer: the `tf.compat.v1.train.Optimizer` that updated the copies.
+      variables: the `MirroredVariable`s it updated.
+    """
+    get_slot_names = getattr(optimizer, 'get_slot_names', None)
+    get_slot = getattr(optimizer, 'get_slot', None)
+    if get_slot_names is None or get_slot is None:
+      return
+    for slot_name in get_slot_names():
+      for variable in variables:
+        slots = [get_slot(copy, slot_name) for copy in variable.values]
+        if any(slot is None for slot in slots) or id(slots[0]) in (
+            self._containers):
+          continue
+        self._mirror(dict(zip(variable.devices, slots)),
+                     [tf1.GraphKeys.GLOBAL_VARIABLES])
 
   def _colocate_vars_with(self, colocate_with_variable):
     if isinstance(colocate_with_variable, MirroredVariable):
@@ -429,7 +470,9 @@ def apply_gradients_across_replicas(optimizer, grads_and_vars,
   `batch_reduce_to` onto the variables' devices, and `optimizer` updates every
   copy of every variable with the sum. All copies are updated by a single
   `apply_gradients` call, so state the optimizer keeps once per step (Adam's
-  beta powers, the global step) advances once; slots are per copy.
+  beta powers, the global step) advances once. Slots are made per copy and
+  then mirrored like the variables: one checkpoint key per slot, named as
+  one device names it, restored into every copy.
 
   Args:
     optimizer: a `tf.compat.v1.train.Optimizer`.
@@ -483,6 +526,7 @@ def _apply_merged(strategy, grads_and_vars, global_step, name, optimizer):
   with distribute_context.unmirrored_variables():
     apply_op = optimizer.apply_gradients(
         per_copy, name=name if global_step is None else None)
+  strategy.extended._mirror_slots(optimizer, [v for _, v in pairs])  # pylint: disable=protected-access
   if global_step is None:
     return apply_op
   with tf.control_dependencies([apply_op]):

@@ -826,6 +826,15 @@ def _one_device(optimizer_fn):
       return sess.run([w, b])
 
 
+def _one_device_variable_names(optimizer_fn):
+  """The global variables' names of the one-device reference graph."""
+  with tf.Graph().as_default():
+    step = tf1.train.get_or_create_global_step()
+    _, _, loss = _model_loss(tf.constant(_X), tf.constant(_Y))
+    optimizer_fn().minimize(loss, global_step=step)
+    return sorted(v.op.name for v in tf1.global_variables())
+
+
 def _dataset():
   return tf.data.Dataset.from_tensors((_X, _Y)).repeat()
 
@@ -902,10 +911,73 @@ class TrainingTest(parameterized.TestCase, tf.test.TestCase):
         # The step advanced once per run, on every copy.
         self.assertAllEqual(sess.run(list(global_step.values)),
                             [_STEPS] * NUM)
-      # Optimizer state is per copy (slots next to each copy).
+      # Optimizer state is per copy (slots next to each copy), mirrored like
+      # the variables: the collection holds what one device's graph holds.
       for name in optimizers[0].get_slot_names():
         for copy in w.values:
           self.assertIsNotNone(optimizers[0].get_slot(copy, name))
+      names = sorted(v.op.name for v in tf1.global_variables())
+      self.assertEqual(_one_device_variable_names(optimizer_fn), names)
+
+  def test_slots_checkpoint_round_trip_with_one_device_model(self):
+    # Momentum's slot is made once per copy and mirrored: Saver writes one
+    # key per slot, as one device does, and a restore sets every copy.
+    directory = self.get_temp_dir()
+    strategy = _strategy()
+    optimizers = []
+
+    def step(inputs):
+      _, _, loss = _model_loss(*inputs)
+      optimizer = tf1.train.MomentumOptimizer(_LR, momentum=0.9)
+      optimizers.append(optimizer)
+      return replicate.TowerOptimizer(optimizer).minimize(loss)
+
+    with tf.Graph().as_default():
+      iterator = strategy.make_dataset_iterator(_dataset())
+      with strategy.scope():
+        train = strategy.group(strategy.experimental_run(step, iterator))
+      w, b = tf1.trainable_variables()
+      slots = [[optimizers[0].get_slot(copy, 'momentum')
+                for copy in variable.values] for variable in (w, b)]
+      self.assertEqual(['b', 'b/Momentum', 'w', 'w/Momentum'],
+                       sorted(v.op.name for v in tf1.global_variables()))
+      saver = tf1.train.Saver()
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run([tf1.global_variables_initializer(), iterator.initialize()])
+        sess.run(train)
+        sess.run(train)
+        trained = sess.run(slots[0][0])
+        path = saver.save(sess, directory + '/mirrored')
+    self.assertEqual(
+        [('b', [1]), ('b/Momentum', [1]), ('w', [3, 1]),
+         ('w/Momentum', [3, 1])], sorted(tf.train.list_variables(path)))
+    # One device restores the mirrored checkpoint, changes the slot and
+    # saves it; the mirrored model restores that into every copy.
+    with tf.Graph().as_default():
+      _, _, loss = _model_loss(tf.constant(_X), tf.constant(_Y))
+      optimizer = tf1.train.MomentumOptimizer(_LR, momentum=0.9)
+      optimizer.minimize(loss)
+      plain_w = tf1.trainable_variables()[0]
+      plain_slot = optimizer.get_slot(plain_w, 'momentum')
+      saver = tf1.train.Saver()
+      with tf1.Session() as sess:
+        saver.restore(sess, path)
+        self.assertAllEqual(sess.run(plain_slot), trained)
+        sess.run(plain_slot.assign(trained + 1.0))
+        path = saver.save(sess, directory + '/plain')
+    optimizers[:] = []
+    with tf.Graph().as_default():
+      iterator = strategy.make_dataset_iterator(_dataset())
+      with strategy.scope():
+        strategy.experimental_run(step, iterator)
+      w, _ = tf1.trainable_variables()
+      saver = tf1.train.Saver()
+      with tf1.Session(config=CONFIG) as sess:
+        saver.restore(sess, path)
+        for copy in w.values:
+          self.assertAllEqual(
+              sess.run(optimizers[0].get_slot(copy, 'momentum')),
+              trained + 1.0)
 
   @parameterized.parameters((False,), (True,))
   def test_plain_optimizer_inside_replica_raises(self, sparse):
