@@ -88,8 +88,8 @@ class _DefaultExtended(StrategyExtended):
 
   _parameter_devices = _worker_devices
 
-  def _make_dataset_iterator(self, dataset):
-    return input_lib.DatasetIterator(dataset, devices=None)
+  def _make_dataset_iterator(self, dataset, one_shot=False):
+    return input_lib.DatasetIterator(dataset, devices=None, one_shot=one_shot)
 
   def _make_input_fn_iterator(self, input_fn):
     return input_lib.InputFunctionIterator(input_fn, devices=None)

@@ -190,6 +190,28 @@ class Strategy(object):
     """
     return self._extended._make_dataset_iterator(dataset)  # pylint: disable=protected-access
 
+  def experimental_distribute_dataset(self, dataset):
+    """`dataset` for the replicas: each global batch split across them.
+
+    As TF 1.15's in graph mode: iterate the result through
+    `make_initializable_iterator()` (run its `initialize()` or `initializer`
+    first) or `make_one_shot_iterator()`; `get_next()` gives per-replica
+    values, e.g. for `experimental_run_v2(fn, args=(batch,))`. The batches
+    are split as `make_dataset_iterator` splits them.
+
+    Args:
+      dataset: a `tf.data.Dataset` of global batches (dimension 0 divisible
+        by `num_replicas_in_sync`).
+
+    Returns:
+      A `DistributedDataset`.
+
+    Raises:
+      InvalidTypeError: if `dataset` is not a dataset.
+    """
+    return input_lib.DistributedDataset(
+        dataset, self._extended._make_dataset_iterator)  # pylint: disable=protected-access
+
   def make_input_fn_iterator(self, input_fn,
                              replication_mode=InputReplicationMode.PER_WORKER):
     """An iterator over datasets made by `input_fn(InputContext)`.

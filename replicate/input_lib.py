@@ -22,19 +22,34 @@ def _check_dataset(dataset, what):
 
 
 class _IteratorBase(object):
-  """An initializable iterator over a dataset, placed on the host."""
+  """An iterator over a dataset, placed on the host.
 
-  def __init__(self, dataset, devices):
+  Initializable unless `one_shot` (a one-shot iterator needs no
+  initialization and cannot be restarted).
+  """
+
+  def __init__(self, dataset, devices, one_shot=False):
     self._devices = tuple(devices) if devices is not None else None
-    self._iterator = tf1.data.make_initializable_iterator(dataset)
+    self._one_shot = one_shot
+    if one_shot:
+      self._iterator = tf1.data.make_one_shot_iterator(dataset)
+    else:
+      self._iterator = tf1.data.make_initializable_iterator(dataset)
 
   def initialize(self):
     """The ops to run (once, and again to restart) before `get_next`.
 
     Returns:
-      A list of ops.
+      A list of ops (empty for a one-shot iterator).
     """
+    if self._one_shot:
+      return []
     return [self._iterator.initializer]
+
+  @property
+  def initializer(self):
+    """`initialize()` as one op."""
+    return tf.group(*self.initialize())
 
   @property
   def output_types(self):
@@ -50,19 +65,20 @@ class _IteratorBase(object):
 class DatasetIterator(_IteratorBase):
   """Splits each global batch of a dataset into one slice per replica."""
 
-  def __init__(self, dataset, devices):
+  def __init__(self, dataset, devices, one_shot=False):
     """Builds the iterator.
 
     Args:
       dataset: a `tf.data.Dataset` of global batches.
       devices: the replica devices, or None for one replica (no splitting,
         plain values).
+      one_shot: True for a one-shot iterator (no initialization).
 
     Raises:
       InvalidTypeError: if `dataset` is not a dataset.
     """
     _check_dataset(dataset, 'dataset')
-    super(DatasetIterator, self).__init__(dataset, devices)
+    super(DatasetIterator, self).__init__(dataset, devices, one_shot)
 
   def get_next(self, name=None):
     """The next global batch, split along dimension 0.
@@ -92,6 +108,45 @@ class DatasetIterator(_IteratorBase):
           index[device] = tf.identity(piece)
       leaves.append(values_lib.PerReplica(index))
     return tf.nest.pack_sequence_as(element, leaves)
+
+
+class DistributedDataset(object):
+  """A dataset whose global batches are split across the replicas.
+
+  What `Strategy.experimental_distribute_dataset` returns. In graph mode (the
+  only mode here, as in TF 1.15) it is iterated through an iterator made by
+  `make_initializable_iterator()` or `make_one_shot_iterator()`, whose
+  `get_next()` gives per-replica values.
+  """
+
+  def __init__(self, dataset, make_iterator):
+    """Wraps `dataset`.
+
+    Args:
+      dataset: a `tf.data.Dataset` of global batches.
+      make_iterator: `(dataset, one_shot) -> DatasetIterator` of the
+        strategy.
+
+    Raises:
+      InvalidTypeError: if `dataset` is not a dataset.
+    """
+    _check_dataset(dataset, 'dataset')
+    self._dataset = dataset
+    self._make_iterator = make_iterator
+
+  def make_initializable_iterator(self):
+    """An iterator to initialize (`initialize()` or `initializer`) first."""
+    return self._make_iterator(self._dataset, one_shot=False)
+
+  def make_one_shot_iterator(self):
+    """An iterator that needs no initialization and cannot be restarted."""
+    return self._make_iterator(self._dataset, one_shot=True)
+
+  def __iter__(self):
+    raise errors.ContextError(
+        'A distributed dataset is iterated in graph mode through an iterator: '
+        'use make_initializable_iterator() (run its initializer first) or '
+        'make_one_shot_iterator(), then get_next().')
 
 
 def split_batch(tensor, num):

@@ -363,8 +363,9 @@ class MirroredExtended(distribute_lib.StrategyExtended):
       self._session_config = session_config
       self._chosen_cross_tower_ops = None
 
-  def _make_dataset_iterator(self, dataset):
-    return input_lib.DatasetIterator(dataset, devices=self._devices)
+  def _make_dataset_iterator(self, dataset, one_shot=False):
+    return input_lib.DatasetIterator(dataset, devices=self._devices,
+                                     one_shot=one_shot)
 
   def _make_input_fn_iterator(self, input_fn):
     return input_lib.InputFunctionIterator(input_fn, devices=self._devices)

@@ -690,6 +690,61 @@ class InputTest(tf.test.TestCase):
         self.assertAllEqual(sess.run(list(batch.values)),
                             [[8, 9], [10, 11], [12, 13], [14, 15]])
 
+  def test_distribute_dataset_initializable_iterator(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      dataset = strategy.experimental_distribute_dataset(
+          tf.data.Dataset.range(16).batch(8, drop_remainder=True))
+      iterator = dataset.make_initializable_iterator()
+      doubled = strategy.experimental_run_v2(
+          lambda batch: batch * 2, args=(iterator.get_next(),))
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run(iterator.initializer)
+        # Global batch [0..7]: replica i gets rows 2i and 2i + 1, doubled.
+        self.assertAllEqual(sess.run(strategy.unwrap(doubled)),
+                            [[0, 2], [4, 6], [8, 10], [12, 14]])
+        self.assertAllEqual(sess.run(strategy.unwrap(doubled)),
+                            [[16, 18], [20, 22], [24, 26], [28, 30]])
+        # Initializing again restarts the dataset.
+        sess.run(iterator.initialize())
+        self.assertAllEqual(sess.run(strategy.unwrap(doubled))[0], [0, 2])
+
+  def test_distribute_dataset_one_shot_iterator(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      iterator = strategy.experimental_distribute_dataset(
+          tf.data.Dataset.range(8).batch(8)).make_one_shot_iterator()
+      self.assertEqual(iterator.initialize(), [])
+      batch = iterator.get_next()
+      with tf1.Session(config=CONFIG) as sess:
+        self.assertAllEqual(sess.run(list(batch.values)),
+                            [[0, 1], [2, 3], [4, 5], [6, 7]])
+        with self.assertRaises(tf.errors.OutOfRangeError):
+          sess.run(list(batch.values))
+
+  def test_distribute_dataset_misuse(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      dataset = strategy.experimental_distribute_dataset(
+          tf.data.Dataset.range(8).batch(8))
+      with self.assertRaisesRegex(errors.ContextError,
+                                  'use make_initializable_iterator'):
+        iter(dataset)
+      with self.assertRaisesRegex(errors.InvalidTypeError,
+                                  'dataset must be a tf.data.Dataset'):
+        strategy.experimental_distribute_dataset([1, 2, 3])
+
+  def test_distribute_dataset_without_strategy(self):
+    # The default strategy: one replica, the batch as it is.
+    with tf.Graph().as_default():
+      iterator = replicate.get_strategy().experimental_distribute_dataset(
+          tf.data.Dataset.range(4).batch(4)).make_initializable_iterator()
+      batch = iterator.get_next()
+      self.assertIsInstance(batch, tf.Tensor)
+      with tf1.Session() as sess:
+        sess.run(iterator.initializer)
+        self.assertAllEqual(sess.run(batch), [0, 1, 2, 3])
+
   def test_static_batch_not_divisible_raises(self):
     strategy = _strategy()
     with tf.Graph().as_default():
