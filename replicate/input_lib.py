@@ -3,7 +3,9 @@
 `DatasetIterator` splits each global batch of a dataset along dimension 0,
 one slice per replica device, in device order. `InputFunctionIterator` calls
 `input_fn(InputContext)` once (one worker) and gives replicas successive
-elements of the dataset it returns, in replica order.
+elements of the dataset it returns, in replica order. `DistributedDataset`
+(`Strategy.experimental_distribute_dataset`) makes `DatasetIterator`s,
+initializable or one-shot.
 """
 import numpy as np
 import tensorflow as tf
