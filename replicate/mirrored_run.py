@@ -14,7 +14,6 @@ replicas that call `merge_call` a different number of times, stop the run;
 every other replica is released with an abort signal and joined, and the
 error is raised in the calling thread.
 """
-import contextlib
 import sys
 import threading
 
@@ -88,7 +87,6 @@ class _ReplicaThread(threading.Thread):
     self.merge_calls = 0
     self.captured_name_scope = ''
     self.captured_var_scope = None
-    self.resume_scopes = None
 
   def run(self):
     self.should_run.wait()
@@ -106,9 +104,7 @@ class _ReplicaThread(threading.Thread):
           tf1.variable_scope(self.var_scope,
                              reuse=True if self.replica_id > 0 else None,
                              auxiliary_name_scope=False), \
-          tf1.variable_creator_scope(self.creator), \
-          contextlib.ExitStack() as resume_scopes:
-        self.resume_scopes = resume_scopes
+          tf1.variable_creator_scope(self.creator):
         self.result = self.fn(*self.args, **self.kwargs)
         self.done = True
     except _Aborted:
@@ -131,10 +127,6 @@ class _ReplicaThread(threading.Thread):
     self.should_run.clear()
     if self.run_state.aborted:
       raise _Aborted()
-    # The variable scope is graph-wide state other replicas changed while
-    # this one was paused: set it back to this replica's.
-    self.resume_scopes.enter_context(tf1.variable_scope(
-        self.captured_var_scope, auxiliary_name_scope=False))
     result, self.merge_result = self.merge_result, None
     return result
 

@@ -316,6 +316,21 @@ class MirroredVariableTest(tf.test.TestCase):
 
 class MergeCallTest(tf.test.TestCase):
 
+  def test_merge_call_inside_a_variable_scope(self):
+    # The variable scope store is per thread: a merge_call leaves the
+    # replica's open `variable_scope` as it was, so it closes cleanly and
+    # variables made after the merge_call are named (and shared) in it.
+    strategy = _strategy()
+
+    def fn():
+      with tf1.variable_scope('model'):
+        replicate.get_replica_context().merge_call(lambda strat: None)
+        return tf1.get_variable('w', [], initializer=tf1.zeros_initializer())
+    with tf.Graph().as_default():
+      result = strategy.experimental_run_v2(fn)
+      self.assertIsInstance(result, mirrored_strategy.MirroredVariable)
+      self.assertEqual(result.primary.op.name, 'model/w')
+
   def test_merge_call_order_and_results(self):
     strategy = _strategy()
     events = []
