@@ -230,29 +230,49 @@ def make_copies_saveable(copies, name):
   Returns:
     A `SaveableObject` for `tf.compat.v1.train.Saver`.
   """
+  primary = copies[0]
+
+  def restore(value):
+    assigns = []
+    for copy in copies:
+      with tf.device(copy.device):
+        assigns.append(copy.assign(value, read_value=False))
+    return tf.group(*assigns)
+  return make_saveable(name, primary, primary.dtype, primary.device,
+                       read_fn=primary.read_value, restore_fn=restore)
+
+
+def make_saveable(name, variable, dtype, device, read_fn, restore_fn):
+  """A SaveableObject of one tensor, for `tf.compat.v1.train.Saver`.
+
+  Args:
+    name: the checkpoint key.
+    variable: the variable the object stands for (its primary copy).
+    dtype: the saved tensor's dtype.
+    device: where the saved tensor is read.
+    read_fn: builds the tensor to save (called on `device`).
+    restore_fn: takes the restored tensor and returns the op restoring it.
+
+  Returns:
+    A `SaveableObject`.
+  """
   from tensorflow.python.training.saving import saveable_object  # pylint: disable=g-import-not-at-top
 
-  class _CopiesSaveable(saveable_object.SaveableObject):
-    """Saves the primary copy; a restore assigns the value to every copy."""
+  class _Saveable(saveable_object.SaveableObject):
+    """Saves what `read_fn` reads; a restore runs `restore_fn`."""
 
     def __init__(self):
-      primary = copies[0]
-
       def tensor():
-        with tf.device(primary.device):
-          return primary.read_value()
-      spec = saveable_object.SaveSpec(tensor, '', name, dtype=primary.dtype,
-                                      device=primary.device)
-      super(_CopiesSaveable, self).__init__(primary, [spec], name)
+        with tf.device(device):
+          return read_fn()
+      spec = saveable_object.SaveSpec(tensor, '', name, dtype=dtype,
+                                      device=device)
+      super(_Saveable, self).__init__(variable, [spec], name)
 
     def restore(self, restored_tensors, restored_shapes):
       value = restored_tensors[0]
       if restored_shapes is not None:
         value = tf.reshape(value, restored_shapes[0])
-      assigns = []
-      for copy in copies:
-        with tf.device(copy.device):
-          assigns.append(copy.assign(value, read_value=False))
-      return tf.group(*assigns)
+      return restore_fn(value)
 
-  return _CopiesSaveable()
+  return _Saveable()

@@ -14,15 +14,19 @@ Optimizers: inside a replica, wrap the optimizer in `replicate.TowerOptimizer`
 replicas and updates every copy. A bare `tf.compat.v1` optimizer would update
 only the replica's own copy, so building such an update raises.
 
+Variables created with `synchronization=ON_READ` (batch normalization's
+moving statistics) are `SyncOnReadVariable`s: a replica reads and writes its
+own copy, a cross-replica read combines the copies by their `aggregation`
+(sync_on_read.py). A mirrored variable assigned inside a replica is updated
+on every copy, in a `merge_call`, with the replicas' values combined by its
+`aggregation` (SUM, MEAN or ONLY_FIRST_REPLICA; NONE is refused, as in TF).
+
 Limits: graph mode only (TF 1.x graphs, or `tf.Graph().as_default()` on TF
-2.x); mirrored variables cannot be assigned inside a replica (no per-variable
-aggregation modes), so ops that update a variable as they run, such as
-`tf.compat.v1.metrics` or `batch_normalization(training=True)`, cannot be
-built inside replicas; a variable created with
-`synchronization=ON_READ` is mirrored like any other (replicas cannot write
-it, so there is nothing to aggregate on reading it), and
-`synchronization=NONE` is an error, as in TF; control dependencies open
-around a `merge_call` do not carry into the merge function.
+2.x); `tf.compat.v1.metrics` combine their ON_READ variables through
+`tf.distribute`'s own replica context, so their variables stay mirrored and
+metrics are built outside the replicas; `synchronization=NONE` is an error,
+as in TF; control dependencies open around a `merge_call` do not carry into
+the merge function.
 """
 import functools
 import weakref
@@ -42,6 +46,7 @@ from replicate import values as values_lib
 from replicate import _compat
 from replicate._compat import tf1
 from replicate.mirrored_values import MirroredVariable
+from replicate.sync_on_read import SyncOnReadVariable
 from replicate.reduce_util import ReduceOp
 
 
@@ -170,20 +175,33 @@ class MirroredExtended(distribute_lib.StrategyExtended):
           copy_kwargs['name'] = '{}/replica_{}/'.format(primary.op.name, i)
           copy_kwargs['initial_value'] = _initial_value_of(primary)
           index[device] = next_creator(**copy_kwargs)
-    return self._mirror(index, collections)
+    make = None
+    if kwargs.get('synchronization') == tf.VariableSynchronization.ON_READ:
+      if tf1.GraphKeys.METRIC_VARIABLES in collections:
+        # tf.compat.v1.metrics: mirrored, updated outside the replicas only
+        # (sync_on_read.py says why).
+        make = functools.partial(MirroredVariable, assign_in_replica=False)
+      else:
+        make = functools.partial(
+            SyncOnReadVariable,
+            aggregation=kwargs.get('aggregation') or
+            tf.VariableAggregation.NONE)
+    return self._mirror(index, collections, make)
 
-  def _mirror(self, index, collections):
+  def _mirror(self, index, collections, make=None):
     """Makes copies (one per device) one `MirroredVariable`.
 
     Args:
       index: {device: copy}, a copy on every device of the strategy.
       collections: the collections the `MirroredVariable` joins; the copies
         leave every variable collection.
+      make: `(strategy, index) -> MirroredVariable` (or a subclass); None
+        for `MirroredVariable`.
 
     Returns:
       The `MirroredVariable`.
     """
-    mirrored = MirroredVariable(self._container_strategy(), index)
+    mirrored = (make or MirroredVariable)(self._container_strategy(), index)
     copy_ids = set(id(copy) for copy in mirrored.values)
     for copy in mirrored.values:
       self._containers[id(copy)] = mirrored

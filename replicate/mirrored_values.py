@@ -12,13 +12,15 @@ is needed, it picks one:
 Every other attribute (`dtype`, `shape`, `op`, `handle`, `read_value`, ...)
 is the chosen copy's, so TensorFlow code (ops, `tf.gradients`, optimizers'
 `compute_gradients`) uses the local copy without knowing it is mirrored.
-Assignment in cross-replica context updates every copy; inside a replica it
-is refused, because copies would then differ.
+Assignment in cross-replica context updates every copy; inside a replica,
+every copy gets the replicas' values combined by the variable's
+`aggregation`, and without one it is refused (the copies would differ).
 """
 import tensorflow as tf
 
 from replicate import distribute_context
 from replicate import errors
+from replicate import reduce_util
 from replicate import values as values_lib
 from replicate import _compat
 
@@ -35,12 +37,15 @@ class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):
   # copy's), so gradients flow to the copy the replica read.
   _should_act_as_resource_variable = True
 
-  def __init__(self, strategy, index):
+  def __init__(self, strategy, index, assign_in_replica=True):
     """Wraps the copies in `index`.
 
     Args:
       strategy: the `Strategy` that created the copies.
       index: a `{device: variable}` dict, the primary copy first.
+      assign_in_replica: False refuses assignments inside a replica whatever
+        the aggregation (`tf.compat.v1.metrics`' variables: see
+        sync_on_read.py).
 
     Raises:
       InvalidArgumentError, InvalidTypeError: as `values.Mirrored`.
@@ -48,6 +53,7 @@ class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):
     super(MirroredVariable, self).__init__(index)
     self._strategy = strategy
     self._replica_ids = {d: i for i, d in enumerate(self.devices)}
+    self._assign_in_replica_allowed = assign_in_replica
 
   @property
   def strategy(self):
@@ -95,7 +101,8 @@ class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):
     # Dunders, this object's own state and the checkpointing base class's
     # lazily created `_self_*` state are never taken from a copy.
     if name.startswith('__') or name.startswith('_self_') or name in (
-        '_index', '_devices', '_strategy', '_replica_ids'):
+        '_index', '_devices', '_strategy', '_replica_ids',
+        '_assign_in_replica_allowed'):
       raise AttributeError(name)
     return getattr(self._local_copy(), name)
 
@@ -139,22 +146,7 @@ class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):
           .format(self.primary.op.name, replica.replica_id_in_sync_group))
     return self._local_copy().constraint
 
-  def _check_assign_context(self, method):
-    replica = distribute_context.get_replica_context()
-    if (distribute_context.get_update_device() is None and
-        replica is not None and replica.strategy is self._strategy):
-      raise errors.ContextError(
-          'MirroredVariable.{} of {} was called inside replica {} of its '
-          'strategy: assigning one copy would make the copies differ. Assign '
-          'in a cross-replica context, e.g. get_replica_context().merge_call('
-          'lambda strategy: strategy.extended.update(var, fn)); ops that '
-          'update variables as they run (tf.compat.v1.metrics, '
-          'batch_normalization(training=True)) must be built outside the '
-          'replicas.'.format(method, self.primary.op.name,
-                             replica.replica_id_in_sync_group))
-
   def _assign(self, method, value, use_locking, name, read_value):
-    self._check_assign_context(method)
     if distribute_context.get_update_device() is not None:
       return getattr(self._local_copy(), method)(
           value, use_locking=use_locking, name=name, read_value=read_value)
@@ -162,7 +154,48 @@ class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):
     def update(copy, value):
       return getattr(copy, method)(value, use_locking=use_locking,
                                    read_value=read_value)
+    replica = distribute_context.get_replica_context()
+    if replica is not None and replica.strategy is self._strategy:
+      return self._assign_in_replica(replica, method, value, update)
     return self._strategy.extended.update(self, update, args=(value,))
+
+  def _assign_in_replica(self, replica, method, value, update):
+    """Every copy gets the replicas' values combined by `aggregation`.
+
+    One `merge_call`: SUM and MEAN reduce the replicas' values onto every
+    copy's device, ONLY_FIRST_REPLICA broadcasts replica 0's; then every copy
+    is updated with the result, as a cross-replica assignment would.
+
+    Raises:
+      ContextError: if the variable's aggregation is NONE (each replica
+        would assign its own value and the copies would differ), or it
+        refuses assignments in replicas.
+    """
+    aggregation = reduce_util.as_variable_aggregation(
+        self.primary.aggregation)
+    if (aggregation == tf.VariableAggregation.NONE or
+        not self._assign_in_replica_allowed):
+      raise errors.ContextError(
+          'MirroredVariable.{} of {} was called inside replica {} of its '
+          'strategy, and the variable has no aggregation: assigning one copy '
+          'would make the copies differ. Create it with aggregation='
+          'tf.VariableAggregation.SUM, MEAN or ONLY_FIRST_REPLICA (every '
+          "copy then gets the replicas' values combined), or assign in a "
+          'cross-replica context, e.g. get_replica_context().merge_call('
+          'lambda strategy: strategy.extended.update(var, fn)). '
+          'tf.compat.v1.metrics update mirrored variables as they run and '
+          'must be built outside the replicas.'.format(
+              method, self.primary.op.name,
+              replica.replica_id_in_sync_group))
+
+    def merge_fn(strategy, value):
+      if aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA:
+        first = strategy.experimental_local_results(value)[0]
+        combined = strategy.extended.broadcast_to(first, self)
+      else:
+        combined = strategy.extended.reduce_to(aggregation, value, self)
+      return strategy.extended.update(self, update, args=(combined,))
+    return replica.merge_call(merge_fn, args=(value,))
 
   def assign(self, value, use_locking=None, name=None, read_value=True):
     """Assigns `value` to every copy (cross-replica) or to the updated copy.
@@ -172,8 +205,11 @@ class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):
       TF: with `read_value`, a `Mirrored` of the new values, read once every
       copy is assigned; without, one op assigning every copy.
 
+    Inside a replica of its strategy, every copy gets the replicas' values
+    combined by the variable's `aggregation` (one `merge_call`).
+
     Raises:
-      ContextError: inside a replica of this variable's strategy.
+      ContextError: inside a replica, for a variable without aggregation.
     """
     return self._assign('assign', value, use_locking, name, read_value)
 
@@ -181,7 +217,7 @@ class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):
     """Adds `delta` to every copy; see `assign`.
 
     Raises:
-      ContextError: inside a replica of this variable's strategy.
+      ContextError: inside a replica, for a variable without aggregation.
     """
     return self._assign('assign_add', delta, use_locking, name, read_value)
 
@@ -189,7 +225,7 @@ class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):
     """Subtracts `delta` from every copy; see `assign`.
 
     Raises:
-      ContextError: inside a replica of this variable's strategy.
+      ContextError: inside a replica, for a variable without aggregation.
     """
     return self._assign('assign_sub', delta, use_locking, name, read_value)
 

@@ -4,6 +4,7 @@ import enum
 import tensorflow as tf
 
 from replicate import errors
+from replicate._compat import tf1
 
 
 class ReduceOp(enum.Enum):
@@ -64,9 +65,32 @@ def as_reduce_op(aggregation):
     return aggregation
   if isinstance(aggregation, _TF_REDUCE_OP):
     return ReduceOp(aggregation.value)
-  if isinstance(aggregation, tf.VariableAggregation):
-    return ReduceOp.from_variable_aggregation(aggregation)
+  if isinstance(aggregation, (tf.VariableAggregation, tf1.VariableAggregation)):
+    return ReduceOp.from_variable_aggregation(
+        as_variable_aggregation(aggregation))
   raise errors.InvalidArgumentError(
       'Cannot reduce with {!r}: the reduction must be replicate.ReduceOp.SUM '
       '/ MEAN, tf.distribute.ReduceOp.SUM / MEAN or tf.VariableAggregation.SUM '
       '/ MEAN.'.format(aggregation))
+
+
+def as_variable_aggregation(aggregation):
+  """`aggregation` as a `tf.VariableAggregation`.
+
+  Args:
+    aggregation: a `tf.VariableAggregation`, or on TF 2.x also a
+      `tf.compat.v1.VariableAggregation` (a separate enum there, the one
+      `tf.compat.v1` variables and layers pass).
+
+  Returns:
+    The `tf.VariableAggregation` member of the same value.
+
+  Raises:
+    InvalidTypeError: for anything else.
+  """
+  if isinstance(aggregation, (tf.VariableAggregation,
+                              tf1.VariableAggregation)):
+    return tf.VariableAggregation(aggregation.value)
+  raise errors.InvalidTypeError(
+      'aggregation must be a tf.VariableAggregation, got {!r}.'.format(
+          aggregation))

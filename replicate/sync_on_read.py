@@ -1,0 +1,195 @@
+"""`SyncOnReadVariable`: per-replica copies, combined when read across replicas.
+
+A variable created with `synchronization=tf.VariableSynchronization.ON_READ`
+in a `MirroredStrategy`'s scope (batch normalization's moving mean and
+variance are, with `aggregation=MEAN`) gets one copy per device, like a
+mirrored variable, but its copies are not kept equal:
+
+* Inside a replica, reads and assignments use that replica's copy: each
+  replica's batch statistics update its own moving averages, with no
+  traffic between devices.
+* In cross-replica context, `value()`, `read_value()`, conversion to a
+  tensor and Python operators combine the copies by the variable's
+  `aggregation`: SUM adds them, MEAN averages them, ONLY_FIRST_REPLICA takes
+  the primary (NONE cannot be combined: `InvalidArgumentError`). `assign`
+  sets every copy, to value / n under SUM so that the copies add up to the
+  value; `assign_add` / `assign_sub` change every copy, and are refused
+  under SUM (the sum would change n times over). All three return one op.
+* `tf.compat.v1.train.Saver` saves the combined value under the primary's
+  name, as one device names the variable, and restores it as `assign` does.
+
+As in TF 1.15, `Session.run` of the variable itself fetches the copy its
+context means (the primary outside replicas); fetch `read_value()` for the
+combined value.
+
+`tf.compat.v1.metrics` also make ON_READ (SUM) variables, but combine them
+through `tf.distribute`'s own replica context, which this library's replicas
+are not: `MirroredStrategy` keeps metric variables mirrored (build metrics
+outside the replicas), so a metric never reads one replica's partial count.
+"""
+import tensorflow as tf
+
+from replicate import distribute_context
+from replicate import errors
+from replicate import reduce_util
+from replicate import values as values_lib
+from replicate import _compat
+from replicate.mirrored_values import MirroredVariable
+
+
+class SyncOnReadVariable(MirroredVariable):
+  """One copy per device; a replica uses its own, cross-replica reads combine.
+
+  See the module docstring.
+  """
+
+  def __init__(self, strategy, index, aggregation):
+    """Wraps the copies in `index`.
+
+    Args:
+      strategy: the `Strategy` that created the copies.
+      index: a `{device: variable}` dict, the primary copy first.
+      aggregation: a `tf.VariableAggregation`: how a cross-replica read
+        combines the copies.
+
+    Raises:
+      InvalidTypeError: if `aggregation` is not a `tf.VariableAggregation`;
+        as `values.Mirrored` for a bad `index`.
+      InvalidArgumentError: as `values.Mirrored` for a bad `index`.
+    """
+    self._aggregation = reduce_util.as_variable_aggregation(aggregation)
+    super(SyncOnReadVariable, self).__init__(strategy, index)
+
+  @property
+  def aggregation(self):
+    """How cross-replica reads combine the copies."""
+    return self._aggregation
+
+  def _uses_one_copy(self):
+    """Whether the context means one copy: an update, or a replica."""
+    if distribute_context.get_update_device() is not None:
+      return True
+    replica = distribute_context.get_replica_context()
+    return (replica is not None and replica.strategy is self._strategy and
+            distribute_context.get_strategy() is self._strategy)
+
+  def _combined(self):
+    """The copies combined by `aggregation`, on the primary's device.
+
+    Raises:
+      InvalidArgumentError: if the aggregation is NONE, or MEAN of a
+        non-floating dtype.
+    """
+    name = self.primary.op.name
+    if self._aggregation == tf.VariableAggregation.NONE:
+      raise errors.InvalidArgumentError(
+          'ON_READ variable {} has aggregation NONE, so its per-replica '
+          'copies cannot be combined when it is read (or saved) across '
+          'replicas. Create it with aggregation=tf.VariableAggregation.SUM, '
+          'MEAN or ONLY_FIRST_REPLICA.'.format(name))
+    if self._aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA:
+      return self.primary.read_value()
+    dtype = self.primary.dtype.base_dtype
+    if self._aggregation == tf.VariableAggregation.MEAN and not (
+        dtype.is_floating or dtype.is_complex):
+      raise errors.InvalidArgumentError(
+          'ON_READ variable {} of dtype {} has aggregation MEAN, which needs '
+          'a floating-point dtype; use SUM or ONLY_FIRST_REPLICA.'.format(
+              name, dtype.name))
+    reads = []
+    for copy in self.values:
+      with tf.device(copy.device):
+        reads.append(copy.read_value())
+    with tf.device(self.primary.device):
+      total = tf.math.add_n(reads)
+      if self._aggregation == tf.VariableAggregation.MEAN:
+        total = total / tf.cast(len(reads), dtype)
+      return total
+
+  def value(self):
+    """This replica's copy's value; across replicas, the combined value.
+
+    Raises:
+      InvalidArgumentError: across replicas, as `_combined`.
+    """
+    if self._uses_one_copy():
+      return self._local_copy().value()
+    return self._combined()
+
+  def read_value(self):
+    """As `value()`, read now (after the control dependencies in scope).
+
+    Raises:
+      InvalidArgumentError: across replicas, as `_combined`.
+    """
+    if self._uses_one_copy():
+      return self._local_copy().read_value()
+    return tf.identity(self._combined())
+
+  def _assign(self, method, value, use_locking, name, read_value):
+    if self._uses_one_copy():
+      return getattr(self._local_copy(), method)(
+          value, use_locking=use_locking, name=name, read_value=read_value)
+    if (self._aggregation == tf.VariableAggregation.SUM and
+        method != 'assign'):
+      raise errors.InvalidArgumentError(
+          'SyncOnReadVariable.{} of {} outside the replicas is refused: its '
+          'aggregation is SUM, and changing every copy would change the sum '
+          '{} times over. Assign the new total with assign().'.format(
+              method, self.primary.op.name, len(self.values)))
+    if (self._aggregation == tf.VariableAggregation.SUM and
+        method == 'assign'):
+      dtype = self.primary.dtype.base_dtype
+      value = tf.cast(tf.convert_to_tensor(value, dtype=dtype) /
+                      len(self.values), dtype)
+    updates = []
+    for copy in self.values:
+      with tf.device(copy.device):
+        updates.append(getattr(copy, method)(
+            value, use_locking=use_locking, read_value=False))
+    return tf.group(*updates, name=name)
+
+  def _gather_saveables_for_checkpoint(self):
+    name = self.primary.op.name
+    primary = self.primary
+
+    def factory(name=name):
+      return _compat.make_saveable(
+          name, primary, primary.dtype.base_dtype, primary.device,
+          read_fn=self._combined,
+          restore_fn=lambda value: self._assign('assign', value, None, None,
+                                                False))
+    return {_compat.VARIABLE_VALUE_KEY: factory}
+
+  def __repr__(self):
+    return '<SyncOnReadVariable {} on {} (aggregation {})>'.format(
+        self.primary.name, ', '.join(self.devices), self._aggregation.name)
+
+
+def _convert_to_tensor(var, dtype=None, name=None, as_ref=False):
+  if as_ref or var._uses_one_copy():  # pylint: disable=protected-access
+    return _compat.variable_to_tensor(var.get(), dtype=dtype, name=name,
+                                      as_ref=as_ref)
+  value = var.value()
+  if dtype is not None and not dtype.is_compatible_with(value.dtype):
+    raise errors.InvalidTypeError(
+        'Cannot convert ON_READ variable {} of dtype {} to dtype {}.'.format(
+            var.primary.op.name, value.dtype.name, tf.as_dtype(dtype).name))
+  return value
+
+
+# Before MirroredVariable's (priority 100), which would match it too.
+tf.register_tensor_conversion_function(SyncOnReadVariable, _convert_to_tensor,
+                                       priority=99)
+
+
+def _operator(name):
+  def apply(self, *args):
+    return getattr(self.value(), name)(*args)
+  apply.__name__ = name
+  return apply
+
+
+for _name in values_lib.OPERATORS:
+  setattr(SyncOnReadVariable, _name, _operator(_name))
+del _name

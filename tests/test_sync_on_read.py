@@ -1,0 +1,277 @@
+"""ON_READ variables and aggregated assignments inside MirroredStrategy replicas.
+
+Replica i (of 4) adds i + 1 in most tests: its own copy then holds i + 1, and
+the copies combine to 1 + 2 + 3 + 4 = 10 (SUM), 10 / 4 = 2.5 (MEAN) or 1
+(ONLY_FIRST_REPLICA, replica 0's).
+"""
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+
+import replicate
+from replicate import errors
+from replicate import sync_on_read
+from replicate import testing
+from replicate._compat import IS_TF2
+from replicate._compat import tf1
+
+NUM = 4
+DEVICES = testing.virtual_cpu_devices(NUM)
+CONFIG = testing.virtual_cpu_config(NUM)
+AGG = tf.VariableAggregation
+
+_COMBINED = (
+    ('sum', AGG.SUM, 10.0),
+    ('mean', AGG.MEAN, 2.5),
+    ('only_first_replica', AGG.ONLY_FIRST_REPLICA, 1.0),
+)
+
+
+def _strategy():
+  return replicate.MirroredStrategy(DEVICES)
+
+
+def _replica_plus_one():
+  """i + 1 in replica i, as a float."""
+  return float(replicate.get_replica_context().replica_id_in_sync_group) + 1.0
+
+
+def _on_read(name, aggregation, shape=()):
+  return tf1.get_variable(name, shape, initializer=tf1.zeros_initializer(),
+                          synchronization=tf.VariableSynchronization.ON_READ,
+                          aggregation=aggregation)
+
+
+class SyncOnReadTest(parameterized.TestCase, tf.test.TestCase):
+
+  @parameterized.named_parameters(*_COMBINED)
+  def test_replicas_write_their_copy_and_reads_combine(self, aggregation,
+                                                       combined):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with strategy.scope():
+        v = _on_read('v', aggregation)
+        updates = strategy.experimental_run_v2(
+            lambda: v.assign_add(_replica_plus_one()))
+        read = v.read_value()
+        converted = tf.convert_to_tensor(v)
+        plus_one = v + 1.0
+      self.assertIsInstance(v, sync_on_read.SyncOnReadVariable)
+      self.assertEqual(v.aggregation, aggregation)
+      # ON_READ variables are not trainable, and one entry stands for the
+      # copies in the collections.
+      self.assertEqual(tf1.global_variables(), [v])
+      self.assertEqual(tf1.trainable_variables(), [])
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(strategy.unwrap(updates))
+        self.assertAllEqual(sess.run(list(v.values)), [1.0, 2.0, 3.0, 4.0])
+        self.assertEqual(sess.run(read), combined)
+        self.assertEqual(sess.run(converted), combined)
+        self.assertEqual(sess.run(plus_one), combined + 1.0)
+        # Fetching the variable itself gives the primary copy, as in TF.
+        self.assertEqual(sess.run(v), 1.0)
+
+  def test_reads_inside_a_replica_see_its_copy(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with strategy.scope():
+        v = _on_read('v', AGG.SUM)
+        init = v.assign(8.0)  # Cross-replica under SUM: 8 / 4 per copy.
+
+      def read_after_add():
+        with tf.control_dependencies([v.assign_add(_replica_plus_one())]):
+          return v.read_value()
+      reads = strategy.experimental_run_v2(read_after_add)
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(init)
+        # Copy i: 2 + (i + 1).
+        self.assertAllEqual(sess.run(strategy.unwrap(reads)),
+                            [3.0, 4.0, 5.0, 6.0])
+
+  @parameterized.named_parameters(
+      # assign sets every copy; under SUM to value / 4, so the copies add
+      # up to the value.
+      ('sum', AGG.SUM, 'assign', 8.0, [2.0] * NUM),
+      ('mean', AGG.MEAN, 'assign', 8.0, [8.0] * NUM),
+      ('mean_add', AGG.MEAN, 'assign_add', 3.0, [3.0] * NUM),
+      ('mean_sub', AGG.MEAN, 'assign_sub', 3.0, [-3.0] * NUM),
+      ('first_add', AGG.ONLY_FIRST_REPLICA, 'assign_add', 3.0, [3.0] * NUM))
+  def test_cross_replica_assignments(self, aggregation, method, value,
+                                     expected):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with strategy.scope():
+        v = _on_read('v', aggregation)
+        op = getattr(v, method)(value)
+      self.assertIsInstance(op, tf.Operation)
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(op)
+        self.assertAllEqual(sess.run(list(v.values)), expected)
+
+  def test_errors(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with strategy.scope():
+        total = _on_read('total', AGG.SUM)
+        unset = _on_read('unset', AGG.NONE)
+        count = tf1.get_variable(
+            'count', [], tf.int32, initializer=tf1.zeros_initializer(),
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=AGG.MEAN)
+        with self.assertRaisesRegex(
+            errors.InvalidArgumentError,
+            r'SyncOnReadVariable.assign_add of total outside the replicas is '
+            r'refused: its aggregation is SUM.*4 times over'):
+          total.assign_add(1.0)
+        with self.assertRaisesRegex(
+            errors.InvalidArgumentError,
+            'ON_READ variable unset has aggregation NONE.*cannot be '
+            'combined'):
+          unset.read_value()
+        with self.assertRaisesRegex(
+            errors.InvalidArgumentError,
+            'ON_READ variable count of dtype int32 has aggregation MEAN'):
+          count.read_value()
+      with self.assertRaisesRegex(errors.InvalidTypeError,
+                                  'aggregation must be a '
+                                  'tf.VariableAggregation, got 1'):
+        sync_on_read.SyncOnReadVariable(strategy, {DEVICES[0]: total.primary},
+                                        aggregation=1)
+
+  def test_checkpoint_round_trip_with_one_device_model(self):
+    # Saver writes the combined value under the plain name; a restore
+    # assigns it as `assign` does (under SUM: a quarter to each copy).
+    directory = self.get_temp_dir()
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with strategy.scope():
+        v = _on_read('v', AGG.SUM)
+        updates = strategy.experimental_run_v2(
+            lambda: v.assign_add(_replica_plus_one()))
+      saver = tf1.train.Saver()
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(strategy.unwrap(updates))
+        path = saver.save(sess, directory + '/on_read')
+    self.assertEqual(tf.train.list_variables(path), [('v', [])])
+    with tf.Graph().as_default():
+      plain = tf1.get_variable('v', [])
+      saver = tf1.train.Saver()
+      with tf1.Session() as sess:
+        saver.restore(sess, path)
+        self.assertEqual(sess.run(plain), 10.0)
+        sess.run(plain.assign(8.0))
+        path = saver.save(sess, directory + '/plain')
+    with tf.Graph().as_default():
+      with strategy.scope():
+        v = _on_read('v', AGG.SUM)
+      saver = tf1.train.Saver()
+      with tf1.Session(config=CONFIG) as sess:
+        saver.restore(sess, path)
+        self.assertAllEqual(sess.run(list(v.values)), [2.0] * NUM)
+        self.assertEqual(sess.run(v.read_value()), 8.0)
+
+
+class AggregatedAssignTest(parameterized.TestCase, tf.test.TestCase):
+
+  @parameterized.named_parameters(*_COMBINED)
+  def test_assign_add_inside_replicas_updates_every_copy(self, aggregation,
+                                                         combined):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with strategy.scope():
+        v = tf1.get_variable('v', [], initializer=tf1.zeros_initializer(),
+                             aggregation=aggregation)
+
+      def add():
+        # Inside a variable scope: the merge_call must leave its nesting
+        # intact.
+        with tf1.variable_scope('inner'):
+          return v.assign_add(_replica_plus_one())
+      results = strategy.experimental_run_v2(add)
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run(tf1.global_variables_initializer())
+        # Every replica gets the new value; every copy holds it.
+        self.assertAllEqual(sess.run(strategy.unwrap(results)),
+                            [combined] * NUM)
+        self.assertAllEqual(sess.run(list(v.values)), [combined] * NUM)
+
+  def test_metrics_inside_replicas_still_raise(self):
+    # tf.compat.v1.metrics combine through tf.distribute's own replica
+    # context: their variables stay mirrored and refuse replica updates.
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with self.assertRaisesRegex(
+          errors.ContextError,
+          r'of mean/total was called inside replica 0 .*tf.compat.v1.metrics'
+          r'.* must be built outside the replicas'):
+        strategy.experimental_run_v2(
+            lambda: tf1.metrics.mean(tf.constant(1.0), name='mean'))
+
+
+def _batch_norm_model(strategy_cls, wrap, steps=3, batch=16):
+  """Trains dense(batch_norm(x)) under `strategy_cls`; returns the values."""
+  rng = np.random.RandomState(0)
+  x = (rng.normal(size=(batch * steps, 3)) *
+       np.arange(1, batch * steps + 1)[:, None] / 10).astype(np.float32)
+  y = rng.normal(size=(batch * steps, 1)).astype(np.float32)
+  with tf.Graph().as_default():
+    strategy = strategy_cls(devices=DEVICES)
+    with strategy.scope():
+      iterator = strategy.make_dataset_iterator(
+          tf.data.Dataset.from_tensor_slices((x, y)).batch(batch))
+
+      def step(inputs):
+        features, labels = inputs
+        hidden = tf1.layers.batch_normalization(features, training=True,
+                                                momentum=0.5, name='bn')
+        predictions = tf1.layers.dense(
+            hidden, 1, kernel_initializer=tf1.ones_initializer(), name='d')
+        loss = tf.reduce_sum(tf.square(predictions - labels)) / batch
+        optimizer = wrap(tf1.train.GradientDescentOptimizer(0.1))
+        with tf.control_dependencies(
+            tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
+          return optimizer.minimize(loss)
+      train = strategy.experimental_run(step, iterator)
+      reads = {v.op.name: v.read_value() for v in tf1.global_variables()}
+      moving_mean = [v for v in tf1.global_variables()
+                     if v.op.name == 'bn/moving_mean'][0]
+    with tf1.Session(config=CONFIG) as sess:
+      sess.run([tf1.global_variables_initializer(), iterator.initialize()])
+      sess.run(train)
+      copies = sess.run(list(strategy.experimental_local_results(
+          moving_mean)))
+      for _ in range(steps - 1):
+        sess.run(train)
+      return x, sess.run(reads), copies
+
+
+class BatchNormalizationTest(tf.test.TestCase):
+
+  def test_moving_statistics_per_replica(self):
+    x, _, copies = _batch_norm_model(replicate.MirroredStrategy,
+                                     replicate.TowerOptimizer)
+    # After one step from 0 with momentum 0.5, copy i holds half the mean
+    # of replica i's rows (rows 4i .. 4i + 3 of the first global batch).
+    for i, copy in enumerate(copies):
+      self.assertAllClose(copy, 0.5 * x[4 * i:4 * i + 4].mean(axis=0))
+
+  def test_same_as_tf_mirrored_strategy(self):
+    if IS_TF2:
+      self.skipTest('the reference is TF 1.15 (its MirroredStrategy takes '
+                    'a plain optimizer in replicas)')
+    _, ours, _ = _batch_norm_model(replicate.MirroredStrategy,
+                                   replicate.TowerOptimizer)
+    _, theirs, _ = _batch_norm_model(tf.distribute.MirroredStrategy,
+                                     lambda optimizer: optimizer)
+    self.assertEqual(sorted(theirs), sorted(ours))
+    for name in theirs:
+      self.assertAllClose(theirs[name], ours[name], rtol=1e-5, atol=1e-6,
+                          msg=name)
+
+
+if __name__ == '__main__':
+  tf.test.main()
