@@ -173,20 +173,24 @@ class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):
     """
     aggregation = reduce_util.as_variable_aggregation(
         self.primary.aggregation)
-    if (aggregation == tf.VariableAggregation.NONE or
-        not self._assign_in_replica_allowed):
+    where = 'MirroredVariable.{} of {} was called inside replica {} of its ' \
+        'strategy'.format(method, self.primary.op.name,
+                          replica.replica_id_in_sync_group)
+    if not self._assign_in_replica_allowed:
       raise errors.ContextError(
-          'MirroredVariable.{} of {} was called inside replica {} of its '
-          'strategy, and the variable has no aggregation: assigning one copy '
-          'would make the copies differ. Create it with aggregation='
+          '{}; it is a variable of tf.compat.v1.metrics, which combine their '
+          "variables through tf.distribute's own replica context: build "
+          'metrics outside the replicas, on the values the replicas '
+          'return.'.format(where))
+    if aggregation == tf.VariableAggregation.NONE:
+      raise errors.ContextError(
+          '{}, and the variable has no aggregation: assigning one copy would '
+          'make the copies differ. Create it with aggregation='
           'tf.VariableAggregation.SUM, MEAN or ONLY_FIRST_REPLICA (every '
           "copy then gets the replicas' values combined), or assign in a "
           'cross-replica context, e.g. get_replica_context().merge_call('
-          'lambda strategy: strategy.extended.update(var, fn)). '
-          'tf.compat.v1.metrics update mirrored variables as they run and '
-          'must be built outside the replicas.'.format(
-              method, self.primary.op.name,
-              replica.replica_id_in_sync_group))
+          'lambda strategy: strategy.extended.update(var, fn)).'.format(
+              where))
 
     def merge_fn(strategy, value):
       if aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA:

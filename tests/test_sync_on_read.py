@@ -206,8 +206,9 @@ class AggregatedAssignTest(parameterized.TestCase, tf.test.TestCase):
     with tf.Graph().as_default():
       with self.assertRaisesRegex(
           errors.ContextError,
-          r'of mean/total was called inside replica 0 .*tf.compat.v1.metrics'
-          r'.* must be built outside the replicas'):
+          r'MirroredVariable.assign_add of mean/total was called inside '
+          r'replica 0 of its strategy; it is a variable of '
+          r'tf.compat.v1.metrics.*build metrics outside the replicas'):
         strategy.experimental_run_v2(
             lambda: tf1.metrics.mean(tf.constant(1.0), name='mean'))
 
