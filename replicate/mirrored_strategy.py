@@ -261,6 +261,8 @@ class MirroredExtended(distribute_lib.StrategyExtended):
     return self._containers.get(id(value), value)
 
   def _read_var(self, v):
+    if isinstance(v, SyncOnReadVariable):
+      return v.read_value()  # Cross-replica: the copies combined.
     if isinstance(v, MirroredVariable):
       return tf.identity(v.primary)
     return tf.identity(v)

@@ -54,6 +54,7 @@ class SyncOnReadTest(parameterized.TestCase, tf.test.TestCase):
         updates = strategy.experimental_run_v2(
             lambda: v.assign_add(_replica_plus_one()))
         read = v.read_value()
+        read_var = strategy.extended.read_var(v)
         converted = tf.convert_to_tensor(v)
         plus_one = v + 1.0
       self.assertIsInstance(v, sync_on_read.SyncOnReadVariable)
@@ -67,6 +68,7 @@ class SyncOnReadTest(parameterized.TestCase, tf.test.TestCase):
         sess.run(strategy.unwrap(updates))
         self.assertAllEqual(sess.run(list(v.values)), [1.0, 2.0, 3.0, 4.0])
         self.assertEqual(sess.run(read), combined)
+        self.assertEqual(sess.run(read_var), combined)
         self.assertEqual(sess.run(converted), combined)
         self.assertEqual(sess.run(plus_one), combined + 1.0)
         # Fetching the variable itself gives the primary copy, as in TF.
