@@ -192,6 +192,10 @@ class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):
           'lambda strategy: strategy.extended.update(var, fn)).'.format(
               where))
 
+    # Each replica's value, as a tensor of the variable's dtype on its
+    # device (a Python number too: every replica contributes its own).
+    value = tf.convert_to_tensor(value, dtype=self.primary.dtype.base_dtype)
+
     def merge_fn(strategy, value):
       if aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA:
         first = strategy.experimental_local_results(value)[0]

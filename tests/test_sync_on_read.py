@@ -201,6 +201,23 @@ class AggregatedAssignTest(parameterized.TestCase, tf.test.TestCase):
                             [combined] * NUM)
         self.assertAllEqual(sess.run(list(v.values)), [combined] * NUM)
 
+  def test_python_numbers_are_each_replicas_value(self):
+    # Every replica passes 1: SUM gives 4, and the global step (created
+    # with ONLY_FIRST_REPLICA, as TF does) advances once.
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with strategy.scope():
+        total = tf1.get_variable('total', [], aggregation=AGG.SUM,
+                                 initializer=tf1.zeros_initializer())
+        step = tf1.train.get_or_create_global_step()
+      updates = strategy.experimental_run_v2(
+          lambda: (total.assign_add(1), step.assign_add(1)))
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run([strategy.unwrap(u) for u in updates])
+        self.assertAllEqual(sess.run(list(total.values)), [4.0] * NUM)
+        self.assertAllEqual(sess.run(list(step.values)), [1] * NUM)
+
   def test_metrics_inside_replicas_still_raise(self):
     # tf.compat.v1.metrics combine through tf.distribute's own replica
     # context: their variables stay mirrored and refuse replica updates.
