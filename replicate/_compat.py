@@ -276,3 +276,19 @@ def make_saveable(name, variable, dtype, device, read_fn, restore_fn):
       return restore_fn(value)
 
   return _Saveable()
+
+
+def current_control_dependencies(graph):
+  """The ops the open `control_dependencies` blocks of `graph` add.
+
+  What a new op built now would get as control inputs (TF keeps no public
+  accessor; `MirroredStrategy`'s merge functions re-enter them, as TF's do).
+
+  Args:
+    graph: a `tf.Graph`.
+
+  Returns:
+    A set of `Operation`s (of this thread's stack, where the graph's stacks
+    are thread-local).
+  """
+  return set(graph._current_control_dependencies())  # pylint: disable=protected-access

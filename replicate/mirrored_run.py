@@ -26,6 +26,7 @@ from replicate import replica_context
 from replicate import errors
 from replicate import reduce_util
 from replicate import values as values_lib
+from replicate import _compat
 from replicate._compat import tf1
 
 # How long the main thread waits for an aborted replica thread to exit before
@@ -87,6 +88,7 @@ class _ReplicaThread(threading.Thread):
     self.merge_calls = 0
     self.captured_name_scope = ''
     self.captured_var_scope = None
+    self.captured_control_deps = set()
 
   def run(self):
     self.should_run.wait()
@@ -121,6 +123,8 @@ class _ReplicaThread(threading.Thread):
     if self.captured_name_scope:
       self.captured_name_scope += '/'
     self.captured_var_scope = tf1.get_variable_scope()
+    self.captured_control_deps = _compat.current_control_dependencies(
+        self.graph)
     self.merge_calls += 1
     self.has_paused.set()
     self.should_run.wait()
@@ -381,15 +385,26 @@ def call_for_each_replica(strategy, devices, fn, args, kwargs, make_creator,
   return regroup(devices, [t.result for t in threads])
 
 
+def _op_name(op):
+  return op.name
+
+
 def _merge(strategy, devices, threads, keep):
   """Runs the paused replicas' merge function once; hands out its result."""
   merge_args = regroup(devices, [t.merge_args for t in threads])
   merge_kwargs = regroup(devices, [t.merge_kwargs for t in threads])
   first = threads[0]
   graph = first.graph
+  # What the merge function builds runs after every replica's open control
+  # dependencies (e.g. an update inside `tf.control_dependencies([op])` in
+  # a replica waits for each replica's `op`), as in TF.
+  control_deps = set()
+  for t in threads:
+    control_deps.update(t.captured_control_deps)
   with graph.name_scope(first.captured_name_scope), \
       tf1.variable_scope(first.captured_var_scope,
                          auxiliary_name_scope=False), \
+      graph.control_dependencies(sorted(control_deps, key=_op_name)), \
       distribute_context.push_cross_replica(strategy):
     result = first.merge_fn(strategy, *merge_args, **merge_kwargs)
   for device, t in zip(devices, threads):

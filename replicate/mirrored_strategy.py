@@ -25,8 +25,8 @@ Limits: graph mode only (TF 1.x graphs, or `tf.Graph().as_default()` on TF
 2.x); `tf.compat.v1.metrics` combine their ON_READ variables through
 `tf.distribute`'s own replica context, so their variables stay mirrored and
 metrics are built outside the replicas; `synchronization=NONE` is an error,
-as in TF; control dependencies open around a `merge_call` do not carry into
-the merge function.
+as in TF. As in TF, the merge function of a `merge_call` builds its ops
+under every replica's open control dependencies.
 """
 import functools
 import weakref

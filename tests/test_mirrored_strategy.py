@@ -310,6 +310,31 @@ class MirroredVariableTest(tf.test.TestCase):
 
 class MergeCallTest(tf.test.TestCase):
 
+  def test_merge_function_runs_under_the_replicas_control_dependencies(self):
+    # Replica i sets its copy of an ON_READ (SUM) variable to i + 1 and, in
+    # a control_dependencies block on that assignment, merge_calls a read
+    # of the combined value: 1 + 2 + 3 + 4 = 10 once every assignment ran.
+    # (Without the dependencies, fetching the read alone would not run the
+    # assignments and give 0.)
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with strategy.scope():
+        total = tf1.get_variable(
+            'total', [], initializer=tf1.zeros_initializer(),
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.SUM)
+
+      def fn():
+        i = replicate.get_replica_context().replica_id_in_sync_group
+        assigned = total.assign(float(i + 1))
+        with tf.control_dependencies([assigned]):
+          return replicate.get_replica_context().merge_call(
+              lambda strat: strat.extended.read_var(total))
+      result = strategy.experimental_run_v2(fn)
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run(tf1.global_variables_initializer())
+        self.assertEqual(sess.run(result), 10.0)
+
   def test_merge_call_inside_a_variable_scope(self):
     # The variable scope store is per thread: a merge_call leaves the
     # replica's open `variable_scope` as it was, so it closes cleanly and
