@@ -80,6 +80,40 @@ def train_variables(model_fn, features, labels, devices, steps=3,
       return {v.op.name: sess.run(v) for v in tf1.global_variables()}
 
 
+def run_spec(spec, mode, steps=3, metric_updates=1, num_cpus=4):
+  """Runs an `EstimatorSpec` built in the default graph, in a new session.
+
+  Args:
+    spec: the spec.
+    mode: TRAIN (runs `steps` training steps), EVAL (runs the metric updates
+      `metric_updates` times) or PREDICT.
+    steps: training steps.
+    metric_updates: how many times EVAL runs the metrics' update ops.
+    num_cpus: virtual CPUs of the session.
+
+  Returns:
+    TRAIN: {name: value} of the global variables; EVAL: {name: value} of
+    the metrics, and 'loss'; PREDICT: the predictions.
+  """
+  with tf1.Session(config=replicate.testing.virtual_cpu_config(
+      num_cpus)) as sess:
+    sess.run([tf1.global_variables_initializer(),
+              tf1.local_variables_initializer()])
+    if mode == TRAIN:
+      for _ in range(steps):
+        sess.run(spec.train_op)
+      return {v.op.name: sess.run(v) for v in tf1.global_variables()}
+    if mode == EVAL:
+      for _ in range(metric_updates):
+        sess.run({k: update for k, (_, update) in
+                  spec.eval_metric_ops.items()})
+      values = sess.run(
+          {k: value for k, (value, _) in spec.eval_metric_ops.items()})
+      values['loss'] = sess.run(spec.loss)
+      return values
+    return sess.run(spec.predictions)
+
+
 def cpus(n):
   return replicate.testing.virtual_cpu_devices(n)
 

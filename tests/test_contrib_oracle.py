@@ -64,20 +64,7 @@ def _run(replicate_fn, wrapper, mode, reduction, num_towers, steps=4):
                             {'x': tf.constant(features['x'])},
                             None if mode == mt.PREDICT else tf.constant(labels),
                             mode, params)
-    with tf1.Session(config=replicate.testing.virtual_cpu_config(4)) as sess:
-      sess.run([tf1.global_variables_initializer(),
-                tf1.local_variables_initializer()])
-      if mode == mt.TRAIN:
-        for _ in range(steps):
-          sess.run(spec.train_op)
-        return {v.op.name: sess.run(v) for v in tf1.global_variables()}
-      if mode == mt.EVAL:
-        for _ in range(2):
-          sess.run({k: op for k, (_, op) in spec.eval_metric_ops.items()})
-        values = sess.run({k: v for k, (v, _) in spec.eval_metric_ops.items()})
-        values['loss'] = sess.run(spec.loss)
-        return values
-      return sess.run(spec.predictions)
+    return mt.run_spec(spec, mode, steps=steps, metric_updates=2)
 
 
 _AVERAGING = (

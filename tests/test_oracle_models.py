@@ -166,21 +166,7 @@ def _run(model_name, mode, replicate_fn=None, wrapper=None, steps=3):
     else:
       spec = replicate_fn(model_fn, devices=mt.cpus(4))(
           features, label_tensor, mode, params)
-    with tf1.Session(config=replicate.testing.virtual_cpu_config(4)) as sess:
-      sess.run([tf1.global_variables_initializer(),
-                tf1.local_variables_initializer()])
-      if mode == mt.TRAIN:
-        for _ in range(steps):
-          sess.run(spec.train_op)
-        return {v.op.name: sess.run(v) for v in tf1.global_variables()}
-      if mode == mt.EVAL:
-        sess.run({k: update for k, (_, update) in spec.eval_metric_ops.items()})
-        values = sess.run(
-            {k: value for k, (value, _) in spec.eval_metric_ops.items()})
-        values['loss'] = sess.run(spec.loss)
-        return values
-      return sess.run(spec.predictions)
-
+    return mt.run_spec(spec, mode, steps=steps)
 
 def _ours(model_name, mode):
   return _run(model_name, mode, replicate.replicate_model_fn,
