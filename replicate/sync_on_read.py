@@ -14,7 +14,10 @@ mirrored variable, but its copies are not kept equal:
   the primary (NONE cannot be combined: `InvalidArgumentError`). `assign`
   sets every copy, to value / n under SUM so that the copies add up to the
   value; `assign_add` / `assign_sub` change every copy, and are refused
-  under SUM (the sum would change n times over). All three return one op.
+  under SUM (the sum would change n times over). They return the combined
+  new value (TF 1.15 returns the op, which `read_value=False` gives here:
+  code that expects an assignment's value, such as Keras' batch
+  normalization built in cross-replica context, gets one).
 * `tf.compat.v1.train.Saver` saves the combined value under the primary's
   name, as one device names the variable, and restores it as `assign` does.
 
@@ -34,6 +37,7 @@ from replicate import errors
 from replicate import reduce_util
 from replicate import values as values_lib
 from replicate import _compat
+from replicate._compat import tf1
 from replicate.mirrored_values import MirroredVariable
 
 
@@ -97,14 +101,17 @@ class SyncOnReadVariable(MirroredVariable):
           'a floating-point dtype; use SUM or ONLY_FIRST_REPLICA.'.format(
               name, dtype.name))
     reads = []
-    for copy in self.values:
-      with tf.device(copy.device):
-        reads.append(copy.read_value())
-    with tf.device(self.primary.device):
-      total = tf.math.add_n(reads)
-      if self._aggregation == tf.VariableAggregation.MEAN:
-        total = total / tf.cast(len(reads), dtype)
-      return total
+    # Each copy is read on its device, whatever colocation the caller asked
+    # for (e.g. Keras' `colocate_with(variable)`: the primary).
+    with tf1.get_default_graph().colocate_with(None, ignore_existing=True):
+      for copy in self.values:
+        with tf.device(copy.device):
+          reads.append(copy.read_value())
+      with tf.device(self.primary.device):
+        total = tf.math.add_n(reads)
+        if self._aggregation == tf.VariableAggregation.MEAN:
+          total = total / tf.cast(len(reads), dtype)
+        return total
 
   def value(self):
     """This replica's copy's value; across replicas, the combined value.
@@ -143,11 +150,16 @@ class SyncOnReadVariable(MirroredVariable):
       value = tf.cast(tf.convert_to_tensor(value, dtype=dtype) /
                       len(self.values), dtype)
     updates = []
-    for copy in self.values:
-      with tf.device(copy.device):
-        updates.append(getattr(copy, method)(
-            value, use_locking=use_locking, read_value=False))
-    return tf.group(*updates, name=name)
+    with tf1.get_default_graph().colocate_with(None, ignore_existing=True):
+      for copy in self.values:
+        with tf.device(copy.device):
+          updates.append(getattr(copy, method)(
+              value, use_locking=use_locking, read_value=False))
+    group = tf.group(*updates, name=None if read_value else name)
+    if not read_value:
+      return group
+    with tf.control_dependencies([group]):
+      return tf.identity(self._combined(), name=name)
 
   def _gather_saveables_for_checkpoint(self):
     name = self.primary.op.name

@@ -106,12 +106,19 @@ class SyncOnReadTest(parameterized.TestCase, tf.test.TestCase):
     with tf.Graph().as_default():
       with strategy.scope():
         v = _on_read('v', aggregation)
-        op = getattr(v, method)(value)
+        new_value = getattr(v, method)(value)
+        op = getattr(v, method)(value, read_value=False)
       self.assertIsInstance(op, tf.Operation)
       with tf1.Session(config=CONFIG) as sess:
         sess.run(tf1.global_variables_initializer())
-        sess.run(op)
+        # The combined value after the assignment: the value itself for
+        # assign; the copies' mean or first for the others.
+        self.assertEqual(sess.run(new_value),
+                         value if method == 'assign' else expected[0])
         self.assertAllEqual(sess.run(list(v.values)), expected)
+        sess.run(op)
+        if method == 'assign':
+          self.assertAllEqual(sess.run(list(v.values)), expected)
 
   def test_errors(self):
     strategy = _strategy()
@@ -269,7 +276,56 @@ def _batch_norm_model(strategy_cls, wrap, steps=3, batch=16):
       return x, sess.run(reads), copies
 
 
+def _keras_model(strategy_cls, wrap, steps=3, batch=16):
+  """Trains a Keras Sequential(Dense, BatchNormalization, Dense) built in
+  the strategy's scope; returns {name: value} of its variables."""
+  rng = np.random.RandomState(1)
+  x = rng.normal(size=(batch * steps, 3)).astype(np.float32)
+  y = rng.normal(size=(batch * steps, 1)).astype(np.float32)
+  with tf.Graph().as_default():
+    strategy = strategy_cls(devices=DEVICES)
+    with strategy.scope():
+      # Built in cross-replica context: Keras calls the layers on a
+      # symbolic input, batch normalization's updates included.
+      model = tf.keras.Sequential([
+          tf.keras.layers.Dense(4, activation='tanh',
+                                kernel_initializer='ones', input_shape=(3,)),
+          tf.keras.layers.BatchNormalization(momentum=0.5),
+          tf.keras.layers.Dense(1, kernel_initializer='ones')])
+      iterator = strategy.make_dataset_iterator(
+          tf.data.Dataset.from_tensor_slices((x, y)).batch(batch))
+
+      def step(inputs):
+        features, labels = inputs
+        predictions = model(features, training=True)
+        loss = tf.reduce_sum(tf.square(predictions - labels)) / batch
+        optimizer = wrap(tf1.train.GradientDescentOptimizer(0.1))
+        with tf.control_dependencies(model.get_updates_for(features)):
+          return optimizer.minimize(loss, var_list=model.trainable_variables)
+      train = strategy.experimental_run(step, iterator)
+      reads = {v.name: v.read_value() for v in model.variables}
+    with tf1.Session(config=CONFIG) as sess:
+      sess.run([tf1.global_variables_initializer(), iterator.initialize()])
+      for _ in range(steps):
+        sess.run(train)
+      return sess.run(reads)
+
+
 class BatchNormalizationTest(tf.test.TestCase):
+
+  def test_keras_model_same_as_tf_mirrored_strategy(self):
+    ours = _keras_model(replicate.MirroredStrategy, replicate.TowerOptimizer)
+    # The moving statistics moved from their initial values (0 and 1).
+    self.assertGreater(np.abs(ours['batch_normalization/moving_mean:0']).max(),
+                       1e-3)
+    if IS_TF2:
+      return  # The reference below is TF 1.15's.
+    theirs = _keras_model(tf.distribute.MirroredStrategy,
+                          lambda optimizer: optimizer)
+    self.assertEqual(sorted(theirs), sorted(ours))
+    for name in theirs:
+      self.assertAllClose(theirs[name], ours[name], rtol=1e-5, atol=1e-6,
+                          msg=name)
 
   def test_moving_statistics_per_replica(self):
     x, _, copies = _batch_norm_model(replicate.MirroredStrategy,
