@@ -110,7 +110,7 @@ class SyncOnReadVariable(MirroredVariable):
       with tf.device(self.primary.device):
         total = tf.math.add_n(reads)
         if self._aggregation == tf.VariableAggregation.MEAN:
-          total = total / tf.cast(len(reads), dtype)
+          total = total / tf.constant(len(reads), dtype=dtype)
         return total
 
   def value(self):
