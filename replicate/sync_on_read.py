@@ -131,7 +131,7 @@ class SyncOnReadVariable(MirroredVariable):
     """
     if self._uses_one_copy():
       return self._local_copy().read_value()
-    return tf.identity(self._combined())
+    return self._combined()  # Fresh reads of every copy.
 
   def _assign(self, method, value, use_locking, name, read_value):
     if self._uses_one_copy():
