@@ -64,8 +64,8 @@ import bench_util
 GLOBAL_BATCH = 256
 CONFIGS = ('single', 'replicate', 'contrib', 'replicate@build=per_tower',
            'replicate@pack=0', 'replicate@fuse=off', 'replicate@copy=concat',
-           'tf_mirrored', 'replicate_mirrored', 'tf_mirrored_loop',
-           'independent')
+           'tf_mirrored', 'replicate_mirrored', 'replicate_mirrored@matmul=tf',
+           'tf_mirrored_loop', 'independent')
 MODELS = ('wide', 'deep')
 CONFIG_LABELS = {
     'single': 'single device',
@@ -73,6 +73,8 @@ CONFIG_LABELS = {
     'contrib': 'tf.contrib.estimator.replicate_model_fn',
     'tf_mirrored': 'tf.distribute.MirroredStrategy',
     'replicate_mirrored': 'replicate.MirroredStrategy (session loop)',
+    'replicate_mirrored@matmul=tf': 'replicate.MirroredStrategy (session '
+                                    "loop), TF's MatMul input gradient (A/B)",
     'tf_mirrored_loop': 'tf.distribute.MirroredStrategy (session loop)',
     'replicate@build=per_tower': 'replicate.replicate_model_fn, model_fn '
                                  'per tower (A/B)',
@@ -228,7 +230,9 @@ def _apply_aggregation_variant(variant):
   (`small=<bytes>`: beyond `small` bytes);
   `fuse=off` sums MatMul gradients instead of fusing them (`fuse=<bytes>`:
   the smallest fused gradient); `copy=concat` builds every pack with TF's
-  `ConcatV2` instead of a one-thread copy on CPUs.
+  `ConcatV2` instead of a one-thread copy on CPUs; `matmul=tf` builds every
+  `MatMul` input gradient by TF's formula (no CPU rewrite of
+  matmul_gradient.py).
   """
   from replicate import gradient_aggregation  # pylint: disable=g-import-not-at-top
   name, _, value = variant.partition('=')
@@ -245,6 +249,9 @@ def _apply_aggregation_variant(variant):
     # `fuse=<bytes>`: the smallest fused gradient.
     gradient_aggregation.FUSE_MIN_BYTES = (
         sys.maxsize if value == 'off' else int(value))
+  elif name == 'matmul' and value == 'tf':
+    from replicate import matmul_gradient  # pylint: disable=g-import-not-at-top
+    matmul_gradient.MIN_ELEMENTS = sys.maxsize
   elif name == 'copy' and value == 'concat':
     from replicate import packing  # pylint: disable=g-import-not-at-top
     packing.STITCH_ON_CPUS = False
@@ -394,6 +401,10 @@ def _run_loop(tf, model, config, hook, total_steps, timings):
   """
   tf1 = tf.compat.v1
   devices = list(bench_util.DEVICES)
+  if config.startswith('replicate_mirrored@'):
+    # Experiment: replicate.MirroredStrategy with a variant applied.
+    _apply_aggregation_variant(config.split('@', 1)[1])
+    config = 'replicate_mirrored'
   if config == 'replicate_mirrored':
     import replicate  # pylint: disable=g-import-not-at-top
     if not hasattr(replicate, 'MirroredStrategy'):
@@ -454,7 +465,7 @@ def run_one(model, config, warmup, steps, trace_dir=None, trace_steps=2):
   total = warmup + steps
   trace = list(range(total, total + trace_steps)) if trace_dir else []
   hook = _make_hook(tf, trace)
-  if config in LOOP_CONFIGS:
+  if config.split('@', 1)[0] in LOOP_CONFIGS:
     try:
       start, start_cpu = _run_loop(tf, model, config, hook,
                                    total + len(trace), timings)

@@ -9,11 +9,19 @@ graph construction deterministic (same op names and order on every run) and
 keeps TensorFlow's graph-wide state (variable scopes, gradient override maps)
 consistent.
 
+Replicas on CPU devices build their `MatMul`s with the CPU gradient of
+`matmul_gradient.py` (the input gradient of a large weight without a
+re-laid-out transposed weight per replica), as `replicate_model_fn`'s CPU
+towers do. The graph's override map is graph-wide, so a replica holds it
+only while it runs: from its start to each `merge_call`, and from there to
+the next or its end. Merge functions, which run between, build plain ops.
+
 Nothing can deadlock on the library's side: a replica that raises, or
 replicas that call `merge_call` a different number of times, stop the run;
 every other replica is released with an abort signal and joined, and the
 error is raised in the calling thread.
 """
+import contextlib
 import sys
 import threading
 
@@ -24,6 +32,7 @@ import tensorflow as tf
 from replicate import distribute_context
 from replicate import replica_context
 from replicate import errors
+from replicate import matmul_gradient
 from replicate import reduce_util
 from replicate import values as values_lib
 from replicate import _compat
@@ -89,6 +98,13 @@ class _ReplicaThread(threading.Thread):
     self.captured_name_scope = ''
     self.captured_var_scope = None
     self.captured_control_deps = set()
+    self.running_scopes = contextlib.ExitStack()
+
+  def enter_running_scopes(self):
+    """Enters what a replica holds only while it runs (see module doc)."""
+    self.running_scopes = contextlib.ExitStack()
+    self.running_scopes.enter_context(
+        matmul_gradient.cpu_tower_gradients(self.graph, self.device))
 
   def run(self):
     self.should_run.wait()
@@ -107,7 +123,11 @@ class _ReplicaThread(threading.Thread):
                              reuse=True if self.replica_id > 0 else None,
                              auxiliary_name_scope=False), \
           tf1.variable_creator_scope(self.creator):
-        self.result = self.fn(*self.args, **self.kwargs)
+        self.enter_running_scopes()
+        try:
+          self.result = self.fn(*self.args, **self.kwargs)
+        finally:
+          self.running_scopes.close()
         self.done = True
     except _Aborted:
       pass
@@ -126,11 +146,13 @@ class _ReplicaThread(threading.Thread):
     self.captured_control_deps = _compat.current_control_dependencies(
         self.graph)
     self.merge_calls += 1
+    self.running_scopes.close()
     self.has_paused.set()
     self.should_run.wait()
     self.should_run.clear()
     if self.run_state.aborted:
       raise _Aborted()
+    self.enter_running_scopes()
     result, self.merge_result = self.merge_result, None
     return result
 
