@@ -180,6 +180,24 @@ class MirroredReplicasTest(tf.test.TestCase):
     self.assertFalse(_overridden(built['merge'][0]))
     self.assertFalse(_overridden(after))
 
+  def test_no_override_left_behind_when_a_replica_fails(self):
+    strategy = replicate.MirroredStrategy(testing.virtual_cpu_devices(2))
+
+    def step():
+      context = replicate.get_replica_context()
+      if context.replica_id_in_sync_group == 1:
+        # Replica 0 is paused in its merge_call (its run is then aborted);
+        # replica 1 fails while it holds the override.
+        raise ValueError('replica 1 fails')
+      context.merge_call(lambda unused_strategy: None)
+
+    with tf.Graph().as_default():
+      with strategy.scope():
+        with self.assertRaisesRegex(ValueError, 'replica 1 fails'):
+          strategy.extended.call_for_each_replica(step)
+        after = tf1.matmul(tf.ones([2, 2]), tf.ones([2, 2])).op
+    self.assertFalse(_overridden(after))
+
   def test_a_model_fn_map_inside_a_replica_wins(self):
     strategy = replicate.MirroredStrategy(testing.virtual_cpu_devices(2))
     ops = []
