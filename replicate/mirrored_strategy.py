@@ -21,6 +21,10 @@ own copy, a cross-replica read combines the copies by their `aggregation`
 on every copy, in a `merge_call`, with the replicas' values combined by its
 `aggregation` (SUM, MEAN or ONLY_FIRST_REPLICA; NONE is refused, as in TF).
 
+Replicas on CPU devices build the input gradient of a `MatMul` with a large
+weight transpose-free, as `replicate_model_fn`'s CPU towers do
+(matmul_gradient.py; equal to TF's within float rounding).
+
 Limits: graph mode only (TF 1.x graphs, or `tf.Graph().as_default()` on TF
 2.x); `tf.compat.v1.metrics` combine their ON_READ variables through
 `tf.distribute`'s own replica context, so their variables stay mirrored and
