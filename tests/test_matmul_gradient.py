@@ -35,6 +35,15 @@ def _gradients(transpose_a, transpose_b, a_shape, b_shape, device, override,
   return values, graph
 
 
+def _overridden(op):
+  """Whether `op` was built with the CPU MatMul gradient."""
+  try:
+    return op.get_attr('_gradient_op_type') == tf.compat.as_bytes(
+        matmul_gradient.GRADIENT_NAME)
+  except ValueError:
+    return False
+
+
 class MatMulGradientTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(
@@ -102,12 +111,7 @@ class MatMulGradientTest(tf.test.TestCase, parameterized.TestCase):
       with tf.Graph().as_default() as graph:
         with matmul_gradient.cpu_tower_gradients(graph, device, enabled):
           op = tf1.matmul(tf.ones([2, 2]), tf.ones([2, 2])).op
-        try:
-          op.get_attr('_gradient_op_type')
-          overridden = True
-        except ValueError:
-          overridden = False
-      self.assertEqual(expected, overridden, msg=(device, enabled))
+      self.assertEqual(expected, _overridden(op), msg=(device, enabled))
 
 
 class ReplicatedTowersTest(tf.test.TestCase):
@@ -122,32 +126,17 @@ class ReplicatedTowersTest(tf.test.TestCase):
       return [op for op in graph.get_operations()
               if op.type == 'MatMul' and 'gradients' not in op.name]
 
-  def _overridden(self, op):
-    try:
-      return op.get_attr('_gradient_op_type') == tf.compat.as_bytes(
-          matmul_gradient.GRADIENT_NAME)
-    except ValueError:
-      return False
-
   def test_training_towers_on_cpus_get_the_override(self):
     matmuls = self._matmuls(mt.TRAIN, mt.cpus(2))
     # Two dense layers x two towers.
     self.assertLen(matmuls, 4)
-    self.assertTrue(all(self._overridden(op) for op in matmuls))
+    self.assertTrue(all(_overridden(op) for op in matmuls))
 
   def test_not_in_eval_or_predict(self):
     for mode in (mt.EVAL, mt.PREDICT):
       matmuls = self._matmuls(mode, mt.cpus(2))
       self.assertTrue(matmuls)
-      self.assertFalse([op.name for op in matmuls if self._overridden(op)])
-
-
-def _overridden(op):
-  try:
-    return op.get_attr('_gradient_op_type') == tf.compat.as_bytes(
-        matmul_gradient.GRADIENT_NAME)
-  except ValueError:
-    return False
+      self.assertFalse([op.name for op in matmuls if _overridden(op)])
 
 
 class MirroredReplicasTest(tf.test.TestCase):
