@@ -108,8 +108,8 @@ def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None,
   summed = {}
   groups = collections.OrderedDict()
   for key, grads in grads_by_var.items():
-    raws = _fusable_matmul_gradients(grads, variables[key], raw_gradients or {},
-                                     fuse_min_bytes)
+    raws = _fusable_matmul_gradients(grads, variables[key].device,
+                                     raw_gradients or {}, fuse_min_bytes)
     if raws is not None:
       summed[key] = _fused_matmul_sum(raws, variables[key].device)
       continue
@@ -188,13 +188,38 @@ def _sum_packed(grads_per_var, device):
       [device], name='packed_gradients')[0]
 
 
-def _fusable_matmul_gradients(grads, var, raw_gradients, fuse_min_bytes):
+def fused_matmul_sum(grads, device, raw_gradients, fuse_min_bytes=None):
+  """The sum of one variable's tower gradients as one product, if fusable.
+
+  See the module docstring and `_fusable_matmul_gradients` for when a sum is
+  fused.
+
+  Args:
+    grads: the variable's gradient in each tower (two or more).
+    device: the device of the variable (where the product runs).
+    raw_gradients: a dict from gradient tensor names to the
+      `gradient_gating.RawGradient` they gate.
+    fuse_min_bytes: the smallest gradient that is fused; None means
+      `FUSE_MIN_BYTES`.
+
+  Returns:
+    The summed gradient, or None where the sum is not fused.
+  """
+  if fuse_min_bytes is None:
+    fuse_min_bytes = FUSE_MIN_BYTES
+  raws = _fusable_matmul_gradients(grads, device, raw_gradients,
+                                   fuse_min_bytes)
+  return None if raws is None else _fused_matmul_sum(raws, device)
+
+
+def _fusable_matmul_gradients(grads, device, raw_gradients, fuse_min_bytes):
   """The `RawGradient`s of one variable's tower gradients, if fusable.
 
   Fusable: at least two towers; each gradient a dense tensor recorded in
   `raw_gradients` whose raw form is a `MatMul` output; the same transposes,
   dtype and fully known shape in every tower; at least `fuse_min_bytes`;
-  every tower's `MatMul` and the variable on CPU devices of one task; and,
+  every tower's `MatMul` and the variable's `device` on CPU devices of one
+  task; and,
   where the contracted dimensions are known, inputs smaller in all than the
   gradients they replace.
 
@@ -217,8 +242,8 @@ def _fusable_matmul_gradients(grads, var, raw_gradients, fuse_min_bytes):
     if (raw.tensor.dtype != first.dtype or raw.tensor.shape != shape or
         _transposes(raw.tensor.op) != attrs):
       return None
-  if not device_util.on_cpus_of_one_task([var.device] +
-                              [raw.tensor.op.device for raw in raws]):
+  if not device_util.on_cpus_of_one_task([device] +
+                                         [raw.tensor.op.device for raw in raws]):
     return None
   input_elements = 0
   for raw in raws:

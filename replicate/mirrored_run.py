@@ -164,6 +164,22 @@ class MirroredReplicaContext(replica_context.ReplicaContext):
     super(MirroredReplicaContext, self).__init__(strategy,
                                                  replica_id_in_sync_group)
     self._thread = thread
+    self._raw_gradients = {}
+
+  def record_raw_gradients(self, raw_gradients):
+    """Keeps `TowerOptimizer`'s raw gradients for the sum over replicas.
+
+    Args:
+      raw_gradients: a dict from gradient tensor names to the
+        `gradient_gating.RawGradient` they gate.
+    """
+    self._raw_gradients.update(raw_gradients)
+
+  def raw_gradient(self, gradient):
+    """The `RawGradient` recorded for `gradient` in this replica, or None."""
+    if not isinstance(gradient, tf.Tensor):
+      return None
+    return self._raw_gradients.get(gradient.name)
 
   def _merge_call(self, merge_fn, args, kwargs):
     if threading.current_thread() is not self._thread:

@@ -38,11 +38,13 @@ import weakref
 import six
 import tensorflow as tf
 
+from replicate import cross_tower_base
 from replicate import cross_tower_ops as cross_tower_ops_lib
 from replicate import device_util
 from replicate import distribute_context
 from replicate import distribute_lib
 from replicate import errors
+from replicate import gradient_aggregation
 from replicate import input_lib
 from replicate import mirrored_run
 from replicate import strategy_extended
@@ -285,6 +287,16 @@ class MirroredExtended(distribute_lib.StrategyExtended):
   # Reductions.
 
   @property
+  def _fuses_matmul_gradients(self):
+    """Whether `TowerOptimizer` updates may fuse `MatMul` weight gradients.
+
+    True with the default cross-tower ops (a `cross_tower_ops` given to the
+    strategy reduces every gradient); `apply_gradients_across_replicas`
+    fuses only where replicas and variables are CPUs of one task.
+    """
+    return self._given_cross_tower_ops is None
+
+  @property
   def _cross_tower_ops(self):
     if self._given_cross_tower_ops is not None:
       return self._given_cross_tower_ops
@@ -523,15 +535,83 @@ def apply_gradients_across_replicas(optimizer, grads_and_vars,
         'cross-replica context call optimizer.apply_gradients on reduced '
         'gradients instead.')
   grads_and_vars = [tuple(pair) for pair in grads_and_vars]
+  raws = None
+  if isinstance(replica, mirrored_run.MirroredReplicaContext):
+    raws = _ReplicaRawGradients(
+        [replica.raw_gradient(g) for g, _ in grads_and_vars])
   # The optimizer travels in the merge function, not its arguments: replicas
   # may each have built their own optimizer object (e.g. a model_fn called
   # per replica); the first replica's one applies the update, as in TF.
   return replica.merge_call(
       functools.partial(_apply_merged, optimizer=optimizer),
-      args=(grads_and_vars, global_step, name))
+      args=(grads_and_vars, global_step, name, raws))
 
 
-def _apply_merged(strategy, grads_and_vars, global_step, name, optimizer):
+def record_raw_gradients(raw_gradients):
+  """Keeps `TowerOptimizer`'s raw gradients with the current replica.
+
+  `apply_gradients_across_replicas` then computes the sum of a large `MatMul`
+  weight gradient over CPU replicas as one product (see
+  `gradient_aggregation.fused_matmul_sum`).
+
+  Args:
+    raw_gradients: a dict from gradient tensor names to the
+      `gradient_gating.RawGradient` they gate.
+  """
+  replica = distribute_context.get_replica_context()
+  if isinstance(replica, mirrored_run.MirroredReplicaContext):
+    replica.record_raw_gradients(raw_gradients)
+
+
+class _ReplicaRawGradients(object):
+  """One replica's `RawGradient`s (or None), by position of its gradients.
+
+  A plain object, so that `merge_call` hands it over whole, one per replica.
+  """
+
+  def __init__(self, raws):
+    self.raws = raws
+
+
+def _fused_sums(strategy, grads_and_vars, raws):
+  """Sums over replicas computed as one `MatMul` of the replicas' inputs.
+
+  Where every replica's gradient of a variable is a large `MatMul` weight
+  gradient recorded by `TowerOptimizer`, and the replicas and the variable
+  are CPU devices of one task, the sum is one product of the replicas'
+  inputs concatenated (as `replicate_model_fn` sums its CPU towers'), placed
+  on the variable's primary device and copied to the others. Only with the
+  strategy's default cross-tower ops: a `cross_tower_ops` given to the
+  strategy reduces every gradient.
+
+  Returns:
+    A dict from positions in `grads_and_vars` to the `Mirrored` sums.
+  """
+  if (not isinstance(raws, values_lib.PerReplica) or
+      not strategy.extended._fuses_matmul_gradients):  # pylint: disable=protected-access
+    return {}
+  devices = strategy.extended.worker_devices
+  per_replica = [raws.get(device).raws for device in devices]
+  fused = {}
+  for index, (grad, var) in enumerate(grads_and_vars):
+    if not isinstance(grad, values_lib.PerReplica):
+      continue
+    grads = [grad.get(device) for device in devices]
+    raw_gradients = {}
+    for replica_grad, replica_raws in zip(grads, per_replica):
+      if replica_raws[index] is not None:
+        raw_gradients[replica_grad.name] = replica_raws[index]
+    if len(raw_gradients) != len(devices):
+      continue
+    total = gradient_aggregation.fused_matmul_sum(grads, var.devices[0],
+                                                  raw_gradients)
+    if total is not None:
+      fused[index] = cross_tower_base.mirror(total, var.devices)
+  return fused
+
+
+def _apply_merged(strategy, grads_and_vars, global_step, name, raws,
+                  optimizer):
   pairs = [(g, v) for g, v in grads_and_vars if g is not None]
   if not pairs:
     raise errors.InvalidArgumentError(
@@ -543,9 +623,16 @@ def _apply_merged(strategy, grads_and_vars, global_step, name, optimizer):
           'Variable {!r} is not a mirrored variable of the current strategy; '
           'create the model variables inside strategy.scope() (or inside '
           'call_for_each_replica).'.format(v))
-  summed = strategy.extended.batch_reduce_to(ReduceOp.SUM, pairs)
+  fused = _fused_sums(strategy, grads_and_vars, raws)
+  rest = [(g, v) for index, (g, v) in enumerate(grads_and_vars)
+          if g is not None and index not in fused]
+  reduced_rest = iter(strategy.extended.batch_reduce_to(ReduceOp.SUM, rest)
+                      if rest else [])
   per_copy = []
-  for (_, v), reduced in zip(pairs, summed):
+  for index, (g, v) in enumerate(grads_and_vars):
+    if g is None:
+      continue
+    reduced = fused[index] if index in fused else next(reduced_rest)
     for device, copy in zip(v.devices, v.values):
       per_copy.append((reduced.get(device), copy))
   with distribute_context.unmirrored_variables():

@@ -79,17 +79,20 @@ class TowerOptimizer(tf1.train.Optimizer):
 
     The loss is first scaled as the loss reduction requires (divided by the
     number of towers unless the reduction is `SUM`), so that summing the
-    towers' gradients gives the gradient of the unreplicated loss.
+    towers' gradients gives the gradient of the unreplicated loss. In a
+    replica of `replicate.MirroredStrategy` the loss is not scaled (each
+    replica scales its loss to the global batch).
 
     Args:
       loss: the tower's loss.
       var_list: as for `Optimizer.compute_gradients`.
       **kwargs: passed to the wrapped optimizer's `compute_gradients`. In a
-        replicated tower `gate_gradients=GATE_OP` (the default) is carried
-        out per variable: each gradient waits for the tower's gradient ops
-        that read its variable, which prevents the same races, lets the
-        aggregation fuse large `MatMul` gradients and saves a `tuple` per
-        gradient op (see gradient_gating.py).
+        replicated tower or a `MirroredStrategy` replica,
+        `gate_gradients=GATE_OP` (the default) is carried out per variable:
+        each gradient waits for the tower's gradient ops that read its
+        variable, which prevents the same races, lets the aggregation fuse
+        large `MatMul` gradients and saves a `tuple` per gradient op (see
+        gradient_gating.py).
 
     Returns:
       A list of `(gradient, variable)` pairs.
@@ -101,6 +104,8 @@ class TowerOptimizer(tf1.train.Optimizer):
     """
     replication = tower_context.current_replication()
     optimizer = self._get_optimizer()
+    if replication is None and mirrored_strategy.in_mirrored_replica():
+      return self._compute_replica_gradients(optimizer, loss, var_list, kwargs)
     if replication is None or replication.num_towers == 1:
       return optimizer.compute_gradients(loss, var_list=var_list, **kwargs)
     if callable(loss):
@@ -129,27 +134,57 @@ class TowerOptimizer(tf1.train.Optimizer):
     the raw gradients so that the aggregation may fuse them. `GATE_GRAPH` is
     passed through as it is.
     """
+    self._check_gate_gradients(kwargs)
+    if replication.cloner is not None:
+      replication.gradient_losses.append(loss)
+    grads_and_vars, raw = self._gated_gradients(
+        replication.graph, optimizer, replication.scale_loss(loss), var_list,
+        kwargs)
+    replication.record_raw_gradients(raw)
+    return grads_and_vars
+
+  def _compute_replica_gradients(self, optimizer, loss, var_list, kwargs):
+    """One `MirroredStrategy` replica's gradients, gated per variable.
+
+    As in a tower (`_compute_tower_gradients`), without scaling the loss (a
+    replica scales its loss to the global batch itself). The replica context
+    keeps the raw gradients, so that the sum over replicas may fuse them
+    (`mirrored_strategy.apply_gradients_across_replicas`).
+    """
+    self._check_gate_gradients(kwargs)
+    if callable(loss):
+      # The wrapped optimizer differentiates a callable with a tape.
+      return optimizer.compute_gradients(loss, var_list=var_list, **kwargs)
+    grads_and_vars, raw = self._gated_gradients(
+        tf1.get_default_graph(), optimizer, loss, var_list, kwargs)
+    mirrored_strategy.record_raw_gradients(raw)
+    return grads_and_vars
+
+  def _check_gate_gradients(self, kwargs):
     gate_gradients = kwargs.get('gate_gradients', self.GATE_OP)
     if gate_gradients not in (self.GATE_NONE, self.GATE_OP, self.GATE_GRAPH):
       raise errors.InvalidArgumentError(
           'gate_gradients must be TowerOptimizer.GATE_NONE, GATE_OP or '
           'GATE_GRAPH, got {!r}.'.format(gate_gradients))
-    if replication.cloner is not None:
-      replication.gradient_losses.append(loss)
-    scaled_loss = replication.scale_loss(loss)
+
+  def _gated_gradients(self, graph, optimizer, loss, var_list, kwargs):
+    """`(grads_and_vars, raw gradients)` of `loss`, as `gate_gradients` asks.
+
+    `GATE_OP` becomes per-variable gating, `GATE_NONE` stays ungated (both
+    give the raw gradients); `GATE_GRAPH` is passed through (no raw
+    gradients).
+    """
+    gate_gradients = kwargs.get('gate_gradients', self.GATE_OP)
     if gate_gradients == self.GATE_GRAPH:
-      return optimizer.compute_gradients(scaled_loss, var_list=var_list,
-                                         **kwargs)
+      return optimizer.compute_gradients(loss, var_list=var_list,
+                                         **kwargs), {}
     kwargs = dict(kwargs, gate_gradients=self.GATE_NONE)
     grads_and_vars, gradient_ops = gradient_gating.ops_created_by(
-        replication.graph, lambda: optimizer.compute_gradients(
-            scaled_loss, var_list=var_list, **kwargs))
+        graph, lambda: optimizer.compute_gradients(
+            loss, var_list=var_list, **kwargs))
     if gate_gradients == self.GATE_NONE:
       gradient_ops = []
-    grads_and_vars, raw = gradient_gating.gate_by_variable(
-        grads_and_vars, gradient_ops)
-    replication.record_raw_gradients(raw)
-    return grads_and_vars
+    return gradient_gating.gate_by_variable(grads_and_vars, gradient_ops)
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
     """Applies gradients: once, in the last tower, summed over all towers.

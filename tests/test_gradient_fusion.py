@@ -11,6 +11,7 @@ import replicate
 from replicate import errors
 from replicate import gradient_aggregation
 from replicate import gradient_gating
+from replicate import testing
 from replicate._compat import IS_TF2
 from replicate._compat import tf1
 
@@ -41,11 +42,13 @@ def _wide_model_fn(features, labels, mode, params):
       x, 1, kernel_initializer=tf1.glorot_uniform_initializer(seed=3),
       name='logits')
   loss = tf1.losses.sigmoid_cross_entropy(labels, logits)
+  # A MirroredStrategy replica scales its loss to the global batch itself.
+  scaled_loss = loss * params.get('loss_scale', 1.0)
   optimizer = params.get('wrapper', replicate.TowerOptimizer)(
       params.get('optimizer_fn',
                  lambda: tf1.train.GradientDescentOptimizer(0.5)))
   train_op = optimizer.minimize(
-      loss, tf1.train.get_global_step(),
+      scaled_loss, tf1.train.get_global_step(),
       gate_gradients=params.get('gate', tf1.train.Optimizer.GATE_OP))
   return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
@@ -275,6 +278,138 @@ def _tower_products(devices, shapes, transposes=None, seed=0, dynamic=False):
     raw[grad.name] = gradient_gating.RawGradient(grad, ())
     tower_grads.append([(grad, var)])
   return tower_grads, raw, arrays
+
+
+def _build_mirrored(graph, num_replicas, params, cross_tower_ops=None):
+  """Builds `_wide_model_fn`'s step under `replicate.MirroredStrategy`.
+
+  Returns:
+    `(train_op, iterator)`; the dataset gives the whole batch of `_data()`,
+    which the strategy splits among the replicas.
+  """
+  features, labels = _data()
+  strategy = replicate.MirroredStrategy(
+      testing.virtual_cpu_devices(num_replicas),
+      cross_tower_ops=cross_tower_ops)
+  params = dict(params, loss_scale=1.0 / num_replicas)
+  with graph.as_default():
+    tf1.set_random_seed(0)
+    dataset = tf.data.Dataset.from_tensors(
+        (features['x'], labels)).repeat()
+    iterator = strategy.make_dataset_iterator(dataset)
+    with strategy.scope():
+      tf1.train.get_or_create_global_step()
+
+      def step(inputs):
+        x, y = inputs
+        return _wide_model_fn({'x': x}, y, mt.TRAIN, params).train_op
+
+      train_op = strategy.group(strategy.experimental_run(step, iterator))
+  return train_op, iterator
+
+
+def _train_mirrored(num_replicas, params, steps=3, cross_tower_ops=None):
+  """Trains under `replicate.MirroredStrategy`; {name: value} of variables."""
+  graph = tf.Graph()
+  train_op, iterator = _build_mirrored(graph, num_replicas, params,
+                                       cross_tower_ops)
+  with graph.as_default(), tf1.Session(
+      config=testing.virtual_cpu_config(num_replicas)) as sess:
+    sess.run(tf1.global_variables_initializer())
+    sess.run(iterator.initialize())
+    for _ in range(steps):
+      sess.run(train_op)
+    return {v.op.name: sess.run(v) for v in tf1.global_variables()}
+
+
+class MirroredStrategyFusionTest(tf.test.TestCase, parameterized.TestCase):
+  """`TowerOptimizer` in `replicate.MirroredStrategy` replicas on CPUs."""
+
+  @parameterized.named_parameters(
+      ('sgd_2', 'sgd', False, 2),
+      ('adam_4', 'adam', False, 4),
+      ('sgd_transpose_4', 'sgd', True, 4),
+  )
+  def test_matches_one_device(self, optimizer, transpose, num_replicas):
+    features, labels = _data()
+    optimizer_fn = {
+        'sgd': lambda: tf1.train.GradientDescentOptimizer(0.5),
+        'adam': lambda: tf1.train.AdamOptimizer(0.01),
+    }[optimizer]
+    params = {'optimizer_fn': optimizer_fn, 'transpose': transpose}
+    expected = mt.train_variables(_wide_model_fn, features, labels,
+                                  mt.cpus(1), params=params)
+    actual = _train_mirrored(num_replicas, params)
+    self.assertEqual(sorted(expected), sorted(actual))
+    # As for towers (FusedTrainingTest): the fused sum adds in another order.
+    atol = 2e-5 if optimizer == 'adam' else 1e-6
+    for name in expected:
+      self.assertAllClose(expected[name], actual[name], rtol=1e-5, atol=atol,
+                          msg=name)
+    graph = tf.Graph()
+    _build_mirrored(graph, num_replicas, params)
+    # Exactly the middle kernel's gradient is fused, on its primary copy's
+    # device, and copied to every other copy's.
+    fused = _fused_ops(graph)
+    self.assertLen(fused, 1)
+    self.assertEqual('CPU:0', fused[0].device[-5:])
+    self.assertEqual([WIDTH, WIDTH], fused[0].outputs[0].shape.as_list())
+
+  def test_replicas_weight_gradients_are_not_in_the_step(self):
+    graph = tf.Graph()
+    train_op, _ = _build_mirrored(graph, 4, {})
+    needed = _ancestors([train_op])
+    # Each replica's own [384, 384] product (the middle kernel's gradient) is
+    # built but not needed by the train_op; the fused product is.
+    replica_products = [
+        op for op in graph.get_operations()
+        if op.type == 'MatMul' and 'gradients' in op.name and
+        op.outputs[0].shape.as_list() == [WIDTH, WIDTH]]
+    self.assertLen(replica_products, 4)
+    self.assertFalse([op.name for op in replica_products if op.name in needed])
+    self.assertIn(_fused_ops(graph)[0].name, needed)
+
+  def test_each_copy_waits_for_every_backward_read_of_every_copy(self):
+    # GATE_OP's guarantee per copy: no copy of W changes while a gradient
+    # op still reads W's copy in its replica. The fused sum waits for every
+    # replica's readers, so every copy's update comes after all of them.
+    graph = tf.Graph()
+    _build_mirrored(graph, 4, {})
+    kernel = [v for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES)
+              if v.op.name == 'middle/kernel'][0]
+    readers = []
+    for copy in kernel.values:
+      reads = [t for op in graph.get_operations()
+               if op.type in ('Identity', 'ReadVariableOp') and op.inputs and
+               op.inputs[0].op is copy.op for t in op.outputs]
+      readers.extend(op for t in reads for op in t.consumers()
+                     if 'gradients' in op.name)
+    # Each replica's dX = dY . W^T reads its own copy.
+    self.assertLen(readers, 4)
+    for copy in kernel.values:
+      apply_ops = [op for op in graph.get_operations()
+                   if op.type.endswith('ApplyGradientDescent') and
+                   op.inputs[0].op is copy.op]
+      self.assertLen(apply_ops, 1)
+      needed = _ancestors(apply_ops)
+      self.assertFalse([op.name for op in readers if op.name not in needed],
+                       msg=copy.op.name)
+
+  def test_given_cross_tower_ops_reduce_every_gradient(self):
+    params = {}
+    graph = tf.Graph()
+    _build_mirrored(graph, 2, params,
+                    replicate.ReductionToOneDeviceCrossTowerOps())
+    self.assertEqual([], _fused_ops(graph))
+    features, labels = _data()
+    expected = mt.train_variables(_wide_model_fn, features, labels,
+                                  mt.cpus(1), params=params)
+    actual = _train_mirrored(
+        2, params,
+        cross_tower_ops=replicate.ReductionToOneDeviceCrossTowerOps())
+    for name in expected:
+      self.assertAllClose(expected[name], actual[name], rtol=1e-5, atol=1e-6,
+                          msg=name)
 
 
 class FusionConditionsTest(tf.test.TestCase, parameterized.TestCase):
