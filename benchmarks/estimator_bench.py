@@ -64,8 +64,8 @@ import bench_util
 GLOBAL_BATCH = 256
 CONFIGS = ('single', 'replicate', 'contrib', 'replicate@build=per_tower',
            'replicate@pack=0', 'replicate@fuse=off', 'replicate@copy=concat',
-           'tf_mirrored', 'replicate_mirrored', 'replicate_mirrored@matmul=tf',
-           'tf_mirrored_loop', 'independent')
+           'tf_mirrored', 'replicate_mirrored', 'replicate_mirrored@fuse=off',
+           'replicate_mirrored@matmul=tf', 'tf_mirrored_loop', 'independent')
 MODELS = ('wide', 'deep')
 CONFIG_LABELS = {
     'single': 'single device',
@@ -73,6 +73,8 @@ CONFIG_LABELS = {
     'contrib': 'tf.contrib.estimator.replicate_model_fn',
     'tf_mirrored': 'tf.distribute.MirroredStrategy',
     'replicate_mirrored': 'replicate.MirroredStrategy (session loop)',
+    'replicate_mirrored@fuse=off': 'replicate.MirroredStrategy (session '
+                                   'loop), MatMul fusion off (A/B)',
     'replicate_mirrored@matmul=tf': 'replicate.MirroredStrategy (session '
                                     "loop), TF's MatMul input gradient (A/B)",
     'tf_mirrored_loop': 'tf.distribute.MirroredStrategy (session loop)',
