@@ -23,7 +23,10 @@ on every copy, in a `merge_call`, with the replicas' values combined by its
 
 Replicas on CPU devices build the input gradient of a `MatMul` with a large
 weight transpose-free, as `replicate_model_fn`'s CPU towers do
-(matmul_gradient.py; equal to TF's within float rounding).
+(matmul_gradient.py); with `TowerOptimizer` and the default cross-tower ops,
+a large `MatMul` weight gradient of CPU replicas is summed as one product of
+the replicas' inputs (gradient_aggregation.fused_matmul_sum). Both equal
+TF's within float rounding.
 
 Limits: graph mode only (TF 1.x graphs, or `tf.Graph().as_default()` on TF
 2.x); `tf.compat.v1.metrics` combine their ON_READ variables through
@@ -505,7 +508,11 @@ def apply_gradients_across_replicas(optimizer, grads_and_vars,
   replica, with that replica's gradients (of a loss scaled to the global
   batch). In one `merge_call`, the per-replica gradients are summed with
   `batch_reduce_to` onto the variables' devices, and `optimizer` updates every
-  copy of every variable with the sum. All copies are updated by a single
+  copy of every variable with the sum. Gradients that
+  `TowerOptimizer.compute_gradients` computed in CPU replicas of one task as
+  large `MatMul` weight gradients are instead summed as one product of the
+  replicas' inputs on the variable's first device (unless the strategy was
+  given a `cross_tower_ops`). All copies are updated by a single
   `apply_gradients` call, so state the optimizer keeps once per step (Adam's
   beta powers, the global step) advances once. Slots are made per copy and
   then mirrored like the variables: one checkpoint key per slot, named as
