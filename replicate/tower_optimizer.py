@@ -99,8 +99,9 @@ class TowerOptimizer(tf1.train.Optimizer):
 
     Raises:
       InvalidArgumentError: if `gate_gradients` is not one of `GATE_NONE`,
-        `GATE_OP` or `GATE_GRAPH` (in a replicated tower), or `loss` is a
-        callable.
+        `GATE_OP` or `GATE_GRAPH` (in a replicated tower or a
+        `MirroredStrategy` replica), or `loss` is a callable in a replicated
+        tower (a replica passes a callable to the wrapped optimizer).
     """
     replication = tower_context.current_replication()
     optimizer = self._get_optimizer()
