@@ -395,6 +395,24 @@ class MirroredStrategyFusionTest(tf.test.TestCase, parameterized.TestCase):
       self.assertFalse([op.name for op in readers if op.name not in needed],
                        msg=copy.op.name)
 
+  def test_gate_graph_is_passed_through_and_not_fused(self):
+    params = {'gate': tf1.train.Optimizer.GATE_GRAPH}
+    graph = tf.Graph()
+    _build_mirrored(graph, 2, params)
+    self.assertEqual([], _fused_ops(graph))
+    features, labels = _data()
+    expected = mt.train_variables(_wide_model_fn, features, labels,
+                                  mt.cpus(1), params=params)
+    actual = _train_mirrored(2, params)
+    for name in expected:
+      self.assertAllClose(expected[name], actual[name], rtol=1e-5, atol=1e-6,
+                          msg=name)
+
+  def test_bad_gate_gradients_in_a_replica(self):
+    with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                'gate_gradients must be'):
+      _build_mirrored(tf.Graph(), 2, {'gate': 7})
+
   def test_given_cross_tower_ops_reduce_every_gradient(self):
     params = {}
     graph = tf.Graph()
