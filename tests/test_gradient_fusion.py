@@ -280,17 +280,27 @@ def _tower_products(devices, shapes, transposes=None, seed=0, dynamic=False):
   return tower_grads, raw, arrays
 
 
-def _build_mirrored(graph, num_replicas, params, cross_tower_ops=None):
+def _build_mirrored(graph, num_replicas, params, cross_tower_ops=None,
+                    strategy=None):
   """Builds `_wide_model_fn`'s step under `replicate.MirroredStrategy`.
+
+  Args:
+    graph: the graph to build in.
+    num_replicas: how many virtual CPUs replicate the step.
+    params: `_wide_model_fn`'s params.
+    cross_tower_ops: passed to the strategy.
+    strategy: another strategy to build with instead (the oracle test gives
+      TF 1.15's own MirroredStrategy, whose replicas take a plain optimizer).
 
   Returns:
     `(train_op, iterator)`; the dataset gives the whole batch of `_data()`,
     which the strategy splits among the replicas.
   """
   features, labels = _data()
-  strategy = replicate.MirroredStrategy(
-      testing.virtual_cpu_devices(num_replicas),
-      cross_tower_ops=cross_tower_ops)
+  if strategy is None:
+    strategy = replicate.MirroredStrategy(
+        testing.virtual_cpu_devices(num_replicas),
+        cross_tower_ops=cross_tower_ops)
   params = dict(params, loss_scale=1.0 / num_replicas)
   with graph.as_default():
     tf1.set_random_seed(0)
@@ -308,15 +318,16 @@ def _build_mirrored(graph, num_replicas, params, cross_tower_ops=None):
   return train_op, iterator
 
 
-def _train_mirrored(num_replicas, params, steps=3, cross_tower_ops=None):
-  """Trains under `replicate.MirroredStrategy`; {name: value} of variables."""
+def _train_mirrored(num_replicas, params, steps=3, cross_tower_ops=None,
+                    strategy=None):
+  """Trains as `_build_mirrored` builds; {name: value} of the variables."""
   graph = tf.Graph()
   train_op, iterator = _build_mirrored(graph, num_replicas, params,
-                                       cross_tower_ops)
+                                       cross_tower_ops, strategy)
   with graph.as_default(), tf1.Session(
       config=testing.virtual_cpu_config(num_replicas)) as sess:
     sess.run(tf1.global_variables_initializer())
-    sess.run(iterator.initialize())
+    sess.run(tf.nest.flatten(iterator.initialize()))
     for _ in range(steps):
       sess.run(train_op)
     return {v.op.name: sess.run(v) for v in tf1.global_variables()}
@@ -354,6 +365,23 @@ class MirroredStrategyFusionTest(tf.test.TestCase, parameterized.TestCase):
     self.assertLen(fused, 1)
     self.assertEqual('CPU:0', fused[0].device[-5:])
     self.assertEqual([WIDTH, WIDTH], fused[0].outputs[0].shape.as_list())
+
+  def test_matches_tf_mirrored_strategy(self):
+    if IS_TF2:
+      self.skipTest('the reference is TF 1.15 (its MirroredStrategy takes a '
+                    'plain optimizer in replicas)')
+    # TF sums each replica's product and applies TF's MatMul gradients; ours
+    # fuses the middle kernel's and builds the input gradients
+    # transpose-free: equal within float rounding.
+    ours = _train_mirrored(4, {})
+    theirs = _train_mirrored(
+        4, {'wrapper': lambda optimizer_fn: optimizer_fn()},
+        strategy=tf.distribute.MirroredStrategy(
+            testing.virtual_cpu_devices(4)))
+    self.assertEqual(sorted(theirs), sorted(ours))
+    for name in theirs:
+      self.assertAllClose(theirs[name], ours[name], rtol=1e-5, atol=1e-6,
+                          msg=name)
 
   def test_replicas_weight_gradients_are_not_in_the_step(self):
     graph = tf.Graph()
