@@ -88,6 +88,27 @@ def _fused_ops(graph):
           if op.type == 'MatMul' and op.name.endswith('fused_gradient')]
 
 
+_OPTIMIZER_FNS = {
+    'sgd': lambda: tf1.train.GradientDescentOptimizer(0.5),
+    'adam': lambda: tf1.train.AdamOptimizer(0.01),
+}
+
+
+def _one_device_variables(params):
+  """The variables after training `_wide_model_fn` unreplicated."""
+  features, labels = _data()
+  return mt.train_variables(_wide_model_fn, features, labels, mt.cpus(1),
+                            params=params)
+
+
+def _assert_same_variables(test, expected, actual, atol=1e-6):
+  """Same variable names, and values equal within float rounding."""
+  test.assertEqual(sorted(expected), sorted(actual))
+  for name in expected:
+    test.assertAllClose(expected[name], actual[name], rtol=1e-5, atol=atol,
+                        msg=name)
+
+
 class FusedTrainingTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(
@@ -99,23 +120,15 @@ class FusedTrainingTest(tf.test.TestCase, parameterized.TestCase):
   )
   def test_matches_one_device(self, optimizer, transpose, num_towers):
     features, labels = _data()
-    optimizer_fn = {
-        'sgd': lambda: tf1.train.GradientDescentOptimizer(0.5),
-        'adam': lambda: tf1.train.AdamOptimizer(0.01),
-    }[optimizer]
-    params = {'optimizer_fn': optimizer_fn, 'transpose': transpose}
-    expected = mt.train_variables(_wide_model_fn, features, labels,
-                                  mt.cpus(1), params=params)
+    params = {'optimizer_fn': _OPTIMIZER_FNS[optimizer],
+              'transpose': transpose}
     actual = mt.train_variables(_wide_model_fn, features, labels,
                                 mt.cpus(num_towers), params=params)
-    self.assertEqual(sorted(expected), sorted(actual))
     # Adam scales each element's step by 1 / (sqrt(v) + eps): where a
     # gradient element is ~0 (rounding noise) the order of the sum (one
     # product vs. towers added) moves it by up to ~lr * 1e-3.
-    atol = 2e-5 if optimizer == 'adam' else 1e-6
-    for name in expected:
-      self.assertAllClose(expected[name], actual[name], rtol=1e-5, atol=atol,
-                          msg=name)
+    _assert_same_variables(self, _one_device_variables(params), actual,
+                           atol=2e-5 if optimizer == 'adam' else 1e-6)
     graph = tf.Graph()
     _build(graph, mt.cpus(num_towers), params)
     # Exactly the middle kernel's gradient is fused, on its variable's device.
@@ -342,21 +355,12 @@ class MirroredStrategyFusionTest(tf.test.TestCase, parameterized.TestCase):
       ('sgd_transpose_4', 'sgd', True, 4),
   )
   def test_matches_one_device(self, optimizer, transpose, num_replicas):
-    features, labels = _data()
-    optimizer_fn = {
-        'sgd': lambda: tf1.train.GradientDescentOptimizer(0.5),
-        'adam': lambda: tf1.train.AdamOptimizer(0.01),
-    }[optimizer]
-    params = {'optimizer_fn': optimizer_fn, 'transpose': transpose}
-    expected = mt.train_variables(_wide_model_fn, features, labels,
-                                  mt.cpus(1), params=params)
-    actual = _train_mirrored(num_replicas, params)
-    self.assertEqual(sorted(expected), sorted(actual))
+    params = {'optimizer_fn': _OPTIMIZER_FNS[optimizer],
+              'transpose': transpose}
     # As for towers (FusedTrainingTest): the fused sum adds in another order.
-    atol = 2e-5 if optimizer == 'adam' else 1e-6
-    for name in expected:
-      self.assertAllClose(expected[name], actual[name], rtol=1e-5, atol=atol,
-                          msg=name)
+    _assert_same_variables(self, _one_device_variables(params),
+                           _train_mirrored(num_replicas, params),
+                           atol=2e-5 if optimizer == 'adam' else 1e-6)
     graph = tf.Graph()
     _build_mirrored(graph, num_replicas, params)
     # Exactly the middle kernel's gradient is fused, on its primary copy's
@@ -378,10 +382,7 @@ class MirroredStrategyFusionTest(tf.test.TestCase, parameterized.TestCase):
         4, {'wrapper': lambda optimizer_fn: optimizer_fn()},
         strategy=tf.distribute.MirroredStrategy(
             testing.virtual_cpu_devices(4)))
-    self.assertEqual(sorted(theirs), sorted(ours))
-    for name in theirs:
-      self.assertAllClose(theirs[name], ours[name], rtol=1e-5, atol=1e-6,
-                          msg=name)
+    _assert_same_variables(self, theirs, ours)
 
   def test_replicas_weight_gradients_are_not_in_the_step(self):
     graph = tf.Graph()
@@ -428,13 +429,8 @@ class MirroredStrategyFusionTest(tf.test.TestCase, parameterized.TestCase):
     graph = tf.Graph()
     _build_mirrored(graph, 2, params)
     self.assertEqual([], _fused_ops(graph))
-    features, labels = _data()
-    expected = mt.train_variables(_wide_model_fn, features, labels,
-                                  mt.cpus(1), params=params)
-    actual = _train_mirrored(2, params)
-    for name in expected:
-      self.assertAllClose(expected[name], actual[name], rtol=1e-5, atol=1e-6,
-                          msg=name)
+    _assert_same_variables(self, _one_device_variables(params),
+                           _train_mirrored(2, params))
 
   def test_bad_gate_gradients_in_a_replica(self):
     with self.assertRaisesRegex(errors.InvalidArgumentError,
@@ -447,15 +443,11 @@ class MirroredStrategyFusionTest(tf.test.TestCase, parameterized.TestCase):
     _build_mirrored(graph, 2, params,
                     replicate.ReductionToOneDeviceCrossTowerOps())
     self.assertEqual([], _fused_ops(graph))
-    features, labels = _data()
-    expected = mt.train_variables(_wide_model_fn, features, labels,
-                                  mt.cpus(1), params=params)
-    actual = _train_mirrored(
-        2, params,
-        cross_tower_ops=replicate.ReductionToOneDeviceCrossTowerOps())
-    for name in expected:
-      self.assertAllClose(expected[name], actual[name], rtol=1e-5, atol=1e-6,
-                          msg=name)
+    _assert_same_variables(
+        self, _one_device_variables(params),
+        _train_mirrored(
+            2, params,
+            cross_tower_ops=replicate.ReductionToOneDeviceCrossTowerOps()))
 
 
 class FusionConditionsTest(tf.test.TestCase, parameterized.TestCase):
