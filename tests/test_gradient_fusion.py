@@ -101,6 +101,19 @@ def _one_device_variables(params):
                             params=params)
 
 
+def _assert_only_the_fused_product_is_needed(test, graph, train_op, count):
+  """`count` per-device [WIDTH, WIDTH] gradient products exist, unneeded by
+  `train_op`, which needs the fused product instead."""
+  needed = _ancestors([train_op])
+  products = [
+      op for op in graph.get_operations()
+      if op.type == 'MatMul' and 'gradients' in op.name and
+      op.outputs[0].shape.as_list() == [WIDTH, WIDTH]]
+  test.assertLen(products, count)
+  test.assertFalse([op.name for op in products if op.name in needed])
+  test.assertIn(_fused_ops(graph)[0].name, needed)
+
+
 def _assert_same_variables(test, expected, actual, atol=1e-6):
   """Same variable names, and values equal within float rounding."""
   test.assertEqual(sorted(expected), sorted(actual))
@@ -140,17 +153,11 @@ class FusedTrainingTest(tf.test.TestCase, parameterized.TestCase):
   def test_towers_weight_gradients_are_not_in_the_step(self):
     graph = tf.Graph()
     spec = _build(graph, mt.cpus(4), {})
-    needed = _ancestors([spec.train_op.op if hasattr(spec.train_op, 'op')
-                         else spec.train_op])
     # The towers' own [384, 384] products (the MatMul gradients of the middle
     # kernel, one per tower) are built but not needed by the train_op.
-    tower_products = [
-        op for op in graph.get_operations()
-        if op.type == 'MatMul' and 'gradients' in op.name and
-        op.outputs[0].shape.as_list() == [WIDTH, WIDTH]]
-    self.assertLen(tower_products, 4)
-    self.assertFalse([op.name for op in tower_products if op.name in needed])
-    self.assertIn(_fused_ops(graph)[0].name, needed)
+    _assert_only_the_fused_product_is_needed(
+        self, graph, spec.train_op.op if hasattr(spec.train_op, 'op')
+        else spec.train_op, 4)
 
   @parameterized.named_parameters(
       ('fused_cloned', False, replicate.TowerBuild.CLONE),
@@ -387,16 +394,9 @@ class MirroredStrategyFusionTest(tf.test.TestCase, parameterized.TestCase):
   def test_replicas_weight_gradients_are_not_in_the_step(self):
     graph = tf.Graph()
     train_op, _ = _build_mirrored(graph, 4, {})
-    needed = _ancestors([train_op])
     # Each replica's own [384, 384] product (the middle kernel's gradient) is
     # built but not needed by the train_op; the fused product is.
-    replica_products = [
-        op for op in graph.get_operations()
-        if op.type == 'MatMul' and 'gradients' in op.name and
-        op.outputs[0].shape.as_list() == [WIDTH, WIDTH]]
-    self.assertLen(replica_products, 4)
-    self.assertFalse([op.name for op in replica_products if op.name in needed])
-    self.assertIn(_fused_ops(graph)[0].name, needed)
+    _assert_only_the_fused_product_is_needed(self, graph, train_op, 4)
 
   def test_each_copy_waits_for_every_backward_read_of_every_copy(self):
     # GATE_OP's guarantee per copy: no copy of W changes while a gradient
