@@ -1,7 +1,7 @@
 """Runs every benchmark and writes the report: `make bench`.
 
-  python benchmarks/run_all.py [--quick] [--rounds N] [--skip-estimator]
-      [--skip-reduction] [--out-dir DIR]
+  python benchmarks/run_all.py [--quick] [--rounds N] [--target-rounds N]
+      [--skip-estimator] [--skip-reduction] [--out-dir DIR]
 
 Writes DIR/latest.md (markdown tables, ratios vs single device and vs
 tf.contrib), DIR/latest.json (every raw number) and DIR/latest.png (bar
@@ -106,8 +106,9 @@ def _targets_md(est):
   """
   summary = est['summary']
   lines = ['| target | measured (wall) | met | by CPU time (per step; build: '
-           'its CPU seconds) | bound | reference: independent models |',
-           '|---|---:|:---:|---:|---:|---:|']
+           'its CPU seconds) | round by round: median (min-max, rounds) | '
+           'bound | reference: independent models |',
+           '|---|---:|:---:|---:|---:|---:|---:|']
   for metric, model, num, den, bound, kind in TARGETS:
     key = 'examples_per_s' if metric == 'examples/s' else 'graph_build_s'
     a = summary.get('{}/{}'.format(model, num), {})
@@ -128,10 +129,17 @@ def _targets_md(est):
       reference = _ratio(
           summary.get('{}/independent'.format(model), {}).get(key),
           b.get(key))
-    lines.append('| {} {}: {} / {} | {} | {} | {} | {} {:.2f} | {} |'.format(
-        model, metric, num, den, _fmt(r, '{:.2f}x'), met,
-        _fmt(cpu, '{:.2f}x'), kind, bound, _fmt(reference, '{:.2f}x')))
-  lines += ['', 'Reference: four unreplicated models, one per device on a '
+    lines.append('| {} {}: {} / {} | {} | {} | {} | {} | {} {:.2f} | {} |'
+                 .format(model, metric, num, den, _fmt(r, '{:.2f}x'), met,
+                         _fmt(cpu, '{:.2f}x'),
+                         _paired_md(est['runs'], model, num, den, key),
+                         kind, bound, _fmt(reference, '{:.2f}x')))
+  lines += ['', 'Measured: the ratio of the two rows\' medians (what `met` '
+            'judges). Round by round: the ratio within each round, where the '
+            'two configurations ran one shortly after the other, so a slow '
+            'phase of the machine moves both; its spread shows how far one '
+            'round can be trusted.', '',
+            'Reference: four unreplicated models, one per device on a '
             'quarter of the batch each, that never exchange a gradient '
             '(`independent` above): the towers\' work with no reads across '
             'devices and no sums. On deep, where replicate\'s towers run '
@@ -140,6 +148,21 @@ def _targets_md(est):
             'CPU towers compute cheaper gradients than TF\'s (see '
             'profile_notes.md, section 4), so it is no bound there.']
   return '\n'.join(lines)
+
+
+def _paired_md(runs, model, num, den, key):
+  """Per-round ratios `num / den` of `key`: 'median (min-max, n)'."""
+  by_round = {}
+  for run in runs:
+    if (run.get('model') == model and run.get('status') == 'ok' and
+        run.get('config') in (num, den) and run.get(key)):
+      by_round.setdefault(run['round'], {})[run['config']] = run[key]
+  ratios = sorted(values[num] / values[den] for values in by_round.values()
+                  if num in values and den in values)
+  if not ratios:
+    return 'n/a'
+  return '{:.2f}x ({:.2f}-{:.2f}, {})'.format(
+      bench_util.median(ratios), ratios[0], ratios[-1], len(ratios))
 
 
 def _reduction_md(red):
@@ -167,6 +190,20 @@ def _reduction_md(red):
   return '\n'.join(lines)
 
 
+def _rounds_md(est):
+  """How many rounds the Estimator rows ran, for the report's header."""
+  if not est:
+    return ''
+  rounds = est['rounds']
+  target_rounds = est.get('target_rounds', rounds)
+  if target_rounds == rounds:
+    return ' ({} each)'.format(rounds)
+  return (' ({} for the rows the targets compare: {}; {} for the '
+          'others)'.format(target_rounds, ', '.join(
+              est.get('labels', {}).get(c, c)
+              for c in estimator_bench.TARGET_CONFIGS), rounds))
+
+
 def write_markdown(results, path):
   est, red = results.get('estimator'), results.get('reduction')
   out = ['# replicate benchmarks: latest results', '',
@@ -179,8 +216,9 @@ def write_markdown(results, path):
          '- Mode: {}; 4 virtual CPU devices '
          '(`ConfigProto(device_count={{"CPU": 4}})`), every configuration in '
          'a process of its own, rounds interleaved; each number is the median '
-         'over rounds.'.format('QUICK (smoke test, not a measurement)'
-                               if results['quick'] else 'full'),
+         'over rounds{}.'.format('QUICK (smoke test, not a measurement)'
+                                 if results['quick'] else 'full',
+                                 _rounds_md(est)),
          '- Rerun: `make bench` (or `python benchmarks/run_all.py`; '
          '`--quick` for a smoke run).', '']
   if est:
@@ -229,7 +267,13 @@ def _plot_python():
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--quick', action='store_true')
-  parser.add_argument('--rounds', type=int, default=None)
+  parser.add_argument('--rounds', type=int, default=None,
+                      help='interleaved rounds of every configuration '
+                      '(default 3, quick 1)')
+  parser.add_argument('--target-rounds', type=int, default=None,
+                      help='rounds of the configurations the targets compare '
+                      '(default {}, quick: --rounds)'.format(
+                          estimator_bench.TARGET_ROUNDS))
   parser.add_argument('--models', default=','.join(estimator_bench.MODELS))
   parser.add_argument('--configs', default=','.join(estimator_bench.CONFIGS))
   parser.add_argument('--impls', default=','.join(reduction_bench.IMPL_NAMES))
@@ -252,8 +296,11 @@ def main(argv=None):
   if not args.skip_estimator:
     models = [m for m in args.models.split(',') if m]
     configs = [c for c in args.configs.split(',') if c]
+    rounds = args.rounds or (1 if args.quick else 3)
     est = estimator_bench.run_all(
-        models, configs, args.quick, args.rounds or (1 if args.quick else 3))
+        models, configs, args.quick, rounds,
+        target_rounds=args.target_rounds or (
+            rounds if args.quick else estimator_bench.TARGET_ROUNDS))
     est.update(models=models, configs=configs,
                labels=estimator_bench.CONFIG_LABELS,
                steps=dict((m, (estimator_bench.QUICK_STEPS if args.quick else
