@@ -609,6 +609,16 @@ def run_all(models, configs, quick, rounds, timeout_s=900, log=print,
           'quick': quick, 'rounds': rounds, 'target_rounds': target_rounds}
 
 
+def round_counts(quick, rounds=None, target_rounds=None):
+  """`(rounds, target_rounds)`, with the defaults of a full or quick run.
+
+  Full: 3 rounds, `TARGET_ROUNDS` for the rows the targets compare; quick:
+  one round of each (a smoke test). None or 0 means the default.
+  """
+  rounds = rounds or (1 if quick else 3)
+  return rounds, target_rounds or (rounds if quick else TARGET_ROUNDS)
+
+
 def summarize(runs, models, configs):
   """Median over rounds of each metric, per (model, config)."""
   out = {}
@@ -668,11 +678,10 @@ def main(argv=None):
              'reason': '{}: {}'.format(type(e).__name__, e)}
     bench_util.emit(res)
     return 0
-  rounds = args.rounds or (1 if args.quick else 3)
+  rounds, target_rounds = round_counts(args.quick, args.rounds,
+                                      args.target_rounds)
   models = [m for m in args.models.split(',') if m]
   configs = [c for c in args.configs.split(',') if c]
-  target_rounds = args.target_rounds or (rounds if args.quick else
-                                         TARGET_ROUNDS)
   results = run_all(models, configs, args.quick, rounds,
                     target_rounds=target_rounds)
   if args.json:

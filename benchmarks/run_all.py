@@ -224,7 +224,8 @@ def write_markdown(results, path):
   if est:
     out += ['## Estimator training, global batch 256', '',
             'examples/s = 256 / median wall time of one training step after '
-            '{} warm-up steps, over {} steps (wide) / {} steps (deep), hooks '
+            '{} warm-up steps (wide/deep), over {} steps (wide) / {} steps '
+            '(deep), hooks '
             'and MonitoredSession included. CPU ms/step = process CPU time '
             '(all threads) per step over the same window; CPU efficiency = '
             'single device\'s CPU ms/step / this one (less sensitive to other '
@@ -236,7 +237,8 @@ def write_markdown(results, path):
             'the same start to the end of the first step (adds session '
             'creation, variable initialization, Grappler and the first run). '
             'Ratios are taken within this run.'.format(
-                '/'.join(str(s[0]) for s in est['steps'].values()),
+                '/'.join(str(est['steps'][m][0]) for m in ('wide', 'deep')
+                         if m in est['steps']),
                 est['steps']['wide'][1] if 'wide' in est['steps'] else '-',
                 est['steps']['deep'][1] if 'deep' in est['steps'] else '-'),
             _estimator_md(est), '', '### Targets (issue 6)', '',
@@ -296,11 +298,10 @@ def main(argv=None):
   if not args.skip_estimator:
     models = [m for m in args.models.split(',') if m]
     configs = [c for c in args.configs.split(',') if c]
-    rounds = args.rounds or (1 if args.quick else 3)
-    est = estimator_bench.run_all(
-        models, configs, args.quick, rounds,
-        target_rounds=args.target_rounds or (
-            rounds if args.quick else estimator_bench.TARGET_ROUNDS))
+    rounds, target_rounds = estimator_bench.round_counts(
+        args.quick, args.rounds, args.target_rounds)
+    est = estimator_bench.run_all(models, configs, args.quick, rounds,
+                                  target_rounds=target_rounds)
     est.update(models=models, configs=configs,
                labels=estimator_bench.CONFIG_LABELS,
                steps=dict((m, (estimator_bench.QUICK_STEPS if args.quick else
