@@ -576,6 +576,10 @@ def run_all(models, configs, quick, rounds, timeout_s=900, log=print,
       rounds after `rounds` run only those, still interleaved. None (or less
       than `rounds`) means `rounds`.
 
+  Odd rounds run the configurations in reverse order (A B C, C B A, ...), so
+  that a machine slowing down or speeding up over a run does not favour the
+  configurations that come first in every round.
+
   Returns:
     `{'runs': [...], 'summary': {...}, 'quick', 'rounds', 'target_rounds'}`.
   """
@@ -584,7 +588,7 @@ def run_all(models, configs, quick, rounds, timeout_s=900, log=print,
   runs = []
   for r in range(target_rounds):
     for model in models:
-      for config in configs:
+      for config in (configs if r % 2 == 0 else configs[::-1]):
         if r >= rounds and config not in TARGET_CONFIGS:
           continue
         warmup, steps = table[model]

@@ -215,7 +215,8 @@ def write_markdown(results, path):
              results['tf_version'], results['python'], results['git']),
          '- Mode: {}; 4 virtual CPU devices '
          '(`ConfigProto(device_count={{"CPU": 4}})`), every configuration in '
-         'a process of its own, rounds interleaved; each number is the median '
+         'a process of its own, rounds interleaved (every other round in '
+         'reverse order); each number is the median '
          'over rounds{}.'.format('QUICK (smoke test, not a measurement)'
                                  if results['quick'] else 'full',
                                  _rounds_md(est)),
