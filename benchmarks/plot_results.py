@@ -23,7 +23,10 @@ def plot(results, png_path):
   models = results.get('estimator', {}).get('models', ['wide', 'deep'])
   configs = results.get('estimator', {}).get('configs', [])
   labels = results.get('estimator', {}).get('labels', {})
-  fig, axes = plt.subplots(1, 3, figsize=(18, 5.5))
+  fig, axes = plt.subplots(1, 3, figsize=(18, 7))
+  # Up to 20 configurations get colours of their own (the default cycle
+  # repeats after 10).
+  colours = plt.get_cmap('tab20').colors
 
   # 1 + 2: throughput and graph build, relative to single device.
   for ax, metric, title, better in (
@@ -41,7 +44,7 @@ def plot(results, png_path):
           xs.append(j + (i - (len(configs) - 1) / 2.0) * width)
           ys.append(val / base)
       bars = ax.bar(xs, ys, width, label=labels.get(config, config),
-                    color='C{}'.format(i))
+                    color=colours[i % len(colours)])
       for x, y in zip(xs, ys):
         ax.text(x, y, '{:.2f}'.format(y), ha='center', va='bottom',
                 fontsize=7)
@@ -51,7 +54,10 @@ def plot(results, png_path):
     ax.set_xticklabels(models)
     ax.set_ylabel('ratio to single device ({})'.format(better))
     ax.set_title(title)
-  axes[0].legend(fontsize=7, loc='upper right')
+  # One legend for both panels, below them, so that it hides no bar.
+  handles, names = axes[0].get_legend_handles_labels()
+  fig.legend(handles, names, loc='lower left', ncol=3, fontsize=7,
+             bbox_to_anchor=(0.01, 0.01))
 
   # 3: reductions, ms, log scale.
   impls = results.get('reduction', {}).get('impls', [])
@@ -75,7 +81,7 @@ def plot(results, png_path):
   axes[2].legend(fontsize=7)
   fig.suptitle('replicate benchmarks: {}'.format(results.get('when', '')),
                fontsize=10)
-  fig.tight_layout()
+  fig.tight_layout(rect=(0, 0.2, 1, 1))
   fig.savefig(png_path, dpi=110)
 
 
