@@ -69,6 +69,22 @@ def _build(graph, devices, params, tower_build=replicate.TowerBuild.CLONE):
             params)
 
 
+def _reads_of(graph, variable):
+  """The tensors that read `variable` (a reference or resource variable)."""
+  return [t for op in graph.get_operations()
+          if op.type in ('Identity', 'ReadVariableOp') and op.inputs and
+          op.inputs[0].op is variable.op for t in op.outputs]
+
+
+def _ops_its_update_needs(graph, variable):
+  """Names of the ops the one SGD update of `variable` depends on."""
+  apply_ops = [op for op in graph.get_operations()
+               if op.type.endswith('ApplyGradientDescent') and
+               op.inputs[0].op is variable.op]
+  assert len(apply_ops) == 1, (variable.op.name, apply_ops)
+  return _ancestors(apply_ops)
+
+
 def _ancestors(ops):
   """Every op `ops` depend on (data and control inputs), `ops` included."""
   seen = set()
@@ -177,18 +193,12 @@ class FusedTrainingTest(tf.test.TestCase, parameterized.TestCase):
     checked = 0
     packed = 0
     for var in graph.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES):
-      reads = [t for op in graph.get_operations()
-               if op.type in ('Identity', 'ReadVariableOp') and op.inputs and
-               op.inputs[0].op is var.op for t in op.outputs]
+      reads = _reads_of(graph, var)
       readers = [op for t in reads for op in t.consumers()
                  if 'gradients' in op.name]
       packs = [op for t in reads for op in t.consumers()
                if mt.is_pack(op) and 'packed_reads' in op.name]
-      apply_ops = [op for op in graph.get_operations()
-                   if op.type.endswith('ApplyGradientDescent') and
-                   op.inputs[0].op is var.op]
-      self.assertLen(apply_ops, 1)
-      needed = _ancestors(apply_ops)
+      needed = _ops_its_update_needs(graph, var)
       self.assertFalse([op.name for op in packs if op.name not in needed],
                        msg=var.op.name)
       packed += len(packs)
@@ -408,19 +418,12 @@ class MirroredStrategyFusionTest(tf.test.TestCase, parameterized.TestCase):
               if v.op.name == 'middle/kernel'][0]
     readers = []
     for copy in kernel.values:
-      reads = [t for op in graph.get_operations()
-               if op.type in ('Identity', 'ReadVariableOp') and op.inputs and
-               op.inputs[0].op is copy.op for t in op.outputs]
-      readers.extend(op for t in reads for op in t.consumers()
-                     if 'gradients' in op.name)
+      readers.extend(op for t in _reads_of(graph, copy)
+                     for op in t.consumers() if 'gradients' in op.name)
     # Each replica's dX = dY . W^T reads its own copy.
     self.assertLen(readers, 4)
     for copy in kernel.values:
-      apply_ops = [op for op in graph.get_operations()
-                   if op.type.endswith('ApplyGradientDescent') and
-                   op.inputs[0].op is copy.op]
-      self.assertLen(apply_ops, 1)
-      needed = _ancestors(apply_ops)
+      needed = _ops_its_update_needs(graph, copy)
       self.assertFalse([op.name for op in readers if op.name not in needed],
                        msg=copy.op.name)
 
