@@ -244,7 +244,7 @@ def _apply_aggregation_variant(variant):
   `MatMul` input gradient by TF's formula (no CPU rewrite of
   matmul_gradient.py).
   """
-  from replicate import gradient_aggregation  # pylint: disable=g-import-not-at-top
+  from replicate.gradients import gradient_aggregation  # pylint: disable=g-import-not-at-top
   name, _, value = variant.partition('=')
   if name == 'pack':
     gradient_aggregation.PACK_MAX_BYTES = int(value)
@@ -260,10 +260,10 @@ def _apply_aggregation_variant(variant):
     gradient_aggregation.FUSE_MIN_BYTES = (
         sys.maxsize if value == 'off' else int(value))
   elif name == 'matmul' and value == 'tf':
-    from replicate import matmul_gradient  # pylint: disable=g-import-not-at-top
+    from replicate.gradients import matmul_gradient  # pylint: disable=g-import-not-at-top
     matmul_gradient.MIN_ELEMENTS = sys.maxsize
   elif name == 'copy' and value == 'concat':
-    from replicate import packing  # pylint: disable=g-import-not-at-top
+    from replicate.core import packing  # pylint: disable=g-import-not-at-top
     packing.STITCH_ON_CPUS = False
   elif name == 'gate' and value == 'none':
     # Towers compute gradients with gate_gradients=GATE_NONE (same values;

@@ -148,7 +148,7 @@ def _make_reducer(tf, name, kind, cls_name, kwargs):
         return [tf.reshape(p, s) for p, s in zip(parts, shapes)]
     return reduce_fn
   if kind == 'aggregation':
-    from replicate import gradient_aggregation  # pylint: disable=g-import-not-at-top
+    from replicate.gradients import gradient_aggregation  # pylint: disable=g-import-not-at-top
 
     def reduce_fn(per_dev):
       with tf1.device(devices[0]):
@@ -178,7 +178,7 @@ def _make_reducer(tf, name, kind, cls_name, kwargs):
   # Ours.
   try:
     from replicate import cross_tower_ops  # pylint: disable=g-import-not-at-top
-    from replicate import values as r_values  # pylint: disable=g-import-not-at-top
+    from replicate.cross_tower import values as r_values  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise NotApplicable('replicate.cross_tower_ops is not in this tree '
                         '({})'.format(e))

@@ -8,15 +8,15 @@ from replicate.version import __version__
 
 # Core: replicate an Estimator model_fn (contrib.estimator names).
 from replicate.model_fn import replicate_model_fn
-from replicate.device_setter import VariablePlacement
-from replicate.tower_cloning import TowerBuild
+from replicate.towers.device_setter import VariablePlacement
+from replicate.towers.tower_cloning import TowerBuild
 from replicate.tower_optimizer import TowerOptimizer
-from replicate.tower_context import TowerContext
-from replicate.tower_context import get_tower_context
+from replicate.towers.tower_context import TowerContext
+from replicate.towers.tower_context import get_tower_context
 
 # Multi-worker: between-graph training with parameter servers.
-from replicate.cluster import GreedyLoadBalancingStrategy
-from replicate.cluster import byte_size_load_fn
+from replicate.cluster.placement import GreedyLoadBalancingStrategy
+from replicate.cluster.placement import byte_size_load_fn
 from replicate import multi_worker
 
 # Errors and test helpers.
@@ -25,8 +25,8 @@ from replicate import testing
 
 # Cross-device reductions (contrib.distribute names).
 from replicate import cross_tower_ops
-from replicate import values
-from replicate.reduce_util import ReduceOp
+from replicate.cross_tower import values
+from replicate.core.reduce_util import ReduceOp
 from replicate.cross_tower_ops import AllReduceCrossTowerOps
 from replicate.cross_tower_ops import choose_the_best
 from replicate.cross_tower_ops import CollectiveAllReduce
@@ -34,9 +34,9 @@ from replicate.cross_tower_ops import CollectiveKeys
 from replicate.cross_tower_ops import CrossTowerOps
 from replicate.cross_tower_ops import MultiWorkerAllReduce
 from replicate.cross_tower_ops import ReductionToOneDeviceCrossTowerOps
-from replicate.values import Mirrored
-from replicate.values import PerDevice
-from replicate.values import PerReplica
+from replicate.cross_tower.values import Mirrored
+from replicate.cross_tower.values import PerDevice
+from replicate.cross_tower.values import PerReplica
 
 # Distribution strategies (tf.distribute names).
 from replicate import distribute_lib

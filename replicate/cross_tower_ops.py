@@ -15,19 +15,19 @@ import enum
 from absl import logging
 import tensorflow as tf
 
-from replicate import all_reduce
-from replicate import device_util
+from replicate.cross_tower import all_reduce
+from replicate.core import device_util
 from replicate import errors
-from replicate import values as values_lib
+from replicate.cross_tower import values as values_lib
 from replicate import _compat
-from replicate.batch_all_reduce import BatchAllReduceBase
-from replicate.batch_all_reduce import check_int
+from replicate.cross_tower.batch_all_reduce import BatchAllReduceBase
+from replicate.core.checks import check_int
 # pylint: disable=g-importing-member,unused-import
-from replicate.cross_tower_base import CrossTowerOps
-from replicate.cross_tower_base import ReductionToOneDeviceCrossTowerOps
-from replicate.multi_worker_ops import CollectiveAllReduce
-from replicate.multi_worker_ops import CollectiveKeys
-from replicate.multi_worker_ops import MultiWorkerAllReduce
+from replicate.cross_tower.cross_tower_base import CrossTowerOps
+from replicate.cross_tower.cross_tower_base import ReductionToOneDeviceCrossTowerOps
+from replicate.cross_tower.multi_worker_ops import CollectiveAllReduce
+from replicate.cross_tower.multi_worker_ops import CollectiveKeys
+from replicate.cross_tower.multi_worker_ops import MultiWorkerAllReduce
 # pylint: enable=g-importing-member,unused-import
 
 

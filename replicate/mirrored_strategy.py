@@ -41,22 +41,23 @@ import weakref
 import six
 import tensorflow as tf
 
-from replicate import cross_tower_base
+from replicate.cross_tower import cross_tower_base
 from replicate import cross_tower_ops as cross_tower_ops_lib
-from replicate import device_util
-from replicate import distribute_context
+from replicate.core import device_util
+from replicate.strategy import default_strategy
+from replicate.strategy import distribute_context
 from replicate import distribute_lib
 from replicate import errors
-from replicate import gradient_aggregation
-from replicate import input_lib
-from replicate import mirrored_run
-from replicate import strategy_extended
-from replicate import values as values_lib
+from replicate.gradients import gradient_aggregation
+from replicate.strategy import input_lib
+from replicate.strategy import mirrored_run
+from replicate.strategy import strategy_extended
+from replicate.cross_tower import values as values_lib
 from replicate import _compat
 from replicate._compat import tf1
-from replicate.mirrored_values import MirroredVariable
-from replicate.sync_on_read import SyncOnReadVariable
-from replicate.reduce_util import ReduceOp
+from replicate.strategy.mirrored_values import MirroredVariable
+from replicate.strategy.sync_on_read import SyncOnReadVariable
+from replicate.core.reduce_util import ReduceOp
 
 
 # Collections variables may add themselves to, whatever they were asked.
@@ -124,7 +125,7 @@ class MirroredExtended(distribute_lib.StrategyExtended):
       variable = next_creator(**kwargs)
       self._plain_variables[id(variable)] = variable
       return variable
-    replica = distribute_context.get_replica_context()
+    replica = default_strategy.get_replica_context()
     name = kwargs.get('name')
     if run is not None and replica is not None and (
         replica.replica_id_in_sync_group > 0):
@@ -496,7 +497,7 @@ def in_mirrored_replica():
   Returns:
     A bool.
   """
-  replica = distribute_context.get_replica_context()
+  replica = default_strategy.get_replica_context()
   return replica is not None and isinstance(replica.strategy, MirroredStrategy)
 
 
@@ -534,7 +535,7 @@ def apply_gradients_across_replicas(optimizer, grads_and_vars,
     InvalidArgumentError: if no gradient is given, or a variable is not a
       mirrored variable of the current strategy.
   """
-  replica = distribute_context.get_replica_context()
+  replica = default_strategy.get_replica_context()
   if replica is None:
     raise errors.ContextError(
         'apply_gradients_across_replicas must be called in a replica context '
@@ -565,7 +566,7 @@ def record_raw_gradients(raw_gradients):
     raw_gradients: a dict from gradient tensor names to the
       `gradient_gating.RawGradient` they gate.
   """
-  replica = distribute_context.get_replica_context()
+  replica = default_strategy.get_replica_context()
   if isinstance(replica, mirrored_run.MirroredReplicaContext):
     replica.record_raw_gradients(raw_gradients)
 

@@ -16,24 +16,24 @@ from absl import logging
 import six
 import tensorflow as tf
 
-from replicate import batch_split
-from replicate import cluster
-from replicate import device_setter
+from replicate.towers import batch_split
+from replicate.cluster import placement as cluster_placement
+from replicate.towers import device_setter
 from replicate import errors
-from replicate import matmul_gradient
-from replicate import tower_cloning
-from replicate import tower_collections
-from replicate import tower_context
-from replicate import tower_copier
-from replicate import tower_specs
+from replicate.gradients import matmul_gradient
+from replicate.towers import tower_cloning
+from replicate.towers import tower_collections
+from replicate.towers import tower_context
+from replicate.towers import tower_copier
+from replicate.towers import tower_specs
 from replicate._compat import EstimatorSpec
 from replicate._compat import ModeKeys
 from replicate._compat import fn_args
 from replicate._compat import local_gpu_devices
 from replicate._compat import tf1
 from replicate._compat import variable_store_names
-from replicate.device_setter import VariablePlacement
-from replicate.tower_cloning import TowerBuild
+from replicate.towers.device_setter import VariablePlacement
+from replicate.towers.tower_cloning import TowerBuild
 
 _SUPPORTED_REDUCTIONS = (
     tf1.losses.Reduction.SUM,
@@ -107,7 +107,7 @@ def replicate_model_fn(model_fn,
       unknown, or `ps_strategy` comes with `ROUND_ROBIN`. When the model is
       built: `PARAMETER_SERVERS` or `ps_strategy` without a `ps` job in the
       cluster, `ROUND_ROBIN` with one, devices naming a job or task the
-      cluster does not have (see `replicate.cluster.placement`), a device the
+      cluster does not have (see `replicate.cluster.placement.placement`), a device the
       session lacks; and a `model_fn` whose towers would differ: trainable
       variables not shared through `tf.compat.v1.get_variable`, a `train_op`
       without `TowerOptimizer`, different optimizer calls or metrics.
@@ -137,18 +137,18 @@ def replicate_model_fn(model_fn,
     raise errors.InvalidArgumentError(
         'tower_build must be a replicate.TowerBuild (one of {}), got {!r}.'
         .format([b.name for b in TowerBuild], tower_build))
-  cluster.check_ps_strategy(ps_strategy, variable_placement)
+  cluster_placement.check_ps_strategy(ps_strategy, variable_placement)
   if devices is not None:
     devices = _canonical_devices(devices)
 
   def replicated_model_fn(features, labels, mode, params=None, config=None):
     """The replicated model_fn handed to the Estimator."""
     tower_devices = devices or _default_devices()
-    placement = cluster.placement(config, mode, tower_devices,
+    placement = cluster_placement.placement(config, mode, tower_devices,
                                   variable_placement, ps_strategy)
     if placement is None:
       _check_devices_exist(tower_devices, config)
-      placement = cluster.Placement(
+      placement = cluster_placement.Placement(
           tower_devices,
           device_setter.parameter_device_chooser(variable_placement,
                                                  tower_devices),

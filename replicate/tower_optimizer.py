@@ -11,12 +11,12 @@ import weakref
 import tensorflow as tf
 
 from replicate import errors
-from replicate import gradient_aggregation
-from replicate import gradient_gating
+from replicate.gradients import gradient_aggregation
+from replicate.gradients import gradient_gating
 from replicate import mirrored_strategy
-from replicate import tower_cloning
-from replicate import tower_collections
-from replicate import tower_context
+from replicate.towers import tower_cloning
+from replicate.towers import tower_collections
+from replicate.towers import tower_context
 from replicate._compat import tf1
 
 

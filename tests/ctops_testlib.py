@@ -2,7 +2,7 @@
 import numpy as np
 import tensorflow as tf
 
-from replicate import values
+from replicate.cross_tower import values
 
 # Mixed shapes: a scalar, odd sizes, and one large tensor.
 SHAPES = ((), (3,), (5, 7), (1000, 129))

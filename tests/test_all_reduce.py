@@ -5,8 +5,8 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
-from replicate import all_reduce
-from replicate import device_util
+from replicate.cross_tower import all_reduce
+from replicate.core import device_util
 from replicate import errors
 from replicate import testing
 from replicate import _compat

@@ -9,7 +9,7 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
-from replicate import all_reduce
+from replicate.cross_tower import all_reduce
 from replicate import testing
 from replicate._compat import IS_TF2
 from replicate._compat import tf1

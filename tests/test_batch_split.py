@@ -2,7 +2,7 @@
 import numpy as np
 import tensorflow as tf
 
-from replicate import batch_split
+from replicate.towers import batch_split
 from replicate._compat import tf1
 
 

@@ -7,13 +7,13 @@ import tensorflow as tf
 
 import replicate
 from replicate import cross_tower_ops
-from replicate import device_util
+from replicate.core import device_util
 from replicate import errors
 from replicate import testing
-from replicate import values
+from replicate.cross_tower import values
 from replicate import _compat
 from replicate._compat import tf1
-from replicate.reduce_util import ReduceOp
+from replicate.core.reduce_util import ReduceOp
 
 import ctops_testlib as lib
 

@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 import replicate
-from replicate import device_util
+from replicate.core import device_util
 from replicate import testing
 from replicate._compat import IS_TF2
 from replicate._compat import tf1

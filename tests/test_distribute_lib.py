@@ -11,6 +11,8 @@ from replicate import distribute_lib
 from replicate import errors
 from replicate import testing
 from replicate._compat import tf1
+from replicate.strategy import default_strategy
+from replicate.strategy import distribute_context
 
 
 def _mirrored(num=2):
@@ -100,7 +102,7 @@ class ScopeRulesTest(tf.test.TestCase):
                                   'Mixing different strategies.*scope'):
         with second.scope():
           pass
-      default = distribute_lib.distribute_context.default_strategy()
+      default = default_strategy.default_strategy()
       with self.assertRaisesRegex(errors.ContextError,
                                   'Mixing different strategies'):
         with default.scope():
@@ -177,7 +179,7 @@ class ScopeRulesTest(tf.test.TestCase):
     inner = replicate.get_replica_context()
     outer = strategy.scope()
     outer.__enter__()
-    manager = distribute_lib.distribute_context.push_replica(inner)
+    manager = distribute_context.push_replica(inner)
     manager.__enter__()
     with self.assertRaisesRegex(errors.ContextError,
                                 'not properly nested'):
@@ -383,7 +385,7 @@ class InputContextTest(parameterized.TestCase, tf.test.TestCase):
                                 'input_pipeline_id 2 is out of range for 2'):
       replicate.InputContext(num_input_pipelines=2, input_pipeline_id=2)
     with self.assertRaisesRegex(errors.InvalidArgumentError,
-                                'num_replicas_in_sync must be at least 1'):
+                                'num_replicas_in_sync must be an integer >= 1, got 0'):
       replicate.InputContext(num_replicas_in_sync=0)
     with self.assertRaisesRegex(errors.InvalidTypeError,
                                 'num_input_pipelines must be an integer'):

@@ -1,4 +1,4 @@
-"""Tests for replicate.gradient_aggregation (packed and per-variable sums)."""
+"""Tests for replicate.gradients.gradient_aggregation (packed and per-variable sums)."""
 import collections
 from unittest import mock
 
@@ -7,8 +7,8 @@ import numpy as np
 import tensorflow as tf
 
 import replicate
-from replicate import gradient_aggregation
-from replicate import packing
+from replicate.gradients import gradient_aggregation
+from replicate.core import packing
 from replicate._compat import tf1
 
 _DEVICES = replicate.testing.virtual_cpu_devices(4)

@@ -9,8 +9,8 @@ import tensorflow as tf
 
 import replicate
 from replicate import errors
-from replicate import gradient_aggregation
-from replicate import gradient_gating
+from replicate.gradients import gradient_aggregation
+from replicate.gradients import gradient_gating
 from replicate import testing
 from replicate._compat import IS_TF2
 from replicate._compat import tf1

@@ -4,7 +4,7 @@ import numpy as np
 import tensorflow as tf
 
 import replicate
-from replicate import matmul_gradient
+from replicate.gradients import matmul_gradient
 from replicate import testing
 from replicate._compat import tf1
 

@@ -10,7 +10,7 @@ import replicate
 from replicate import errors
 from replicate import mirrored_strategy
 from replicate import testing
-from replicate import values
+from replicate.cross_tower import values
 from replicate._compat import IS_TF2
 from replicate._compat import tf1
 
@@ -57,7 +57,7 @@ class MirroredVariableTest(tf.test.TestCase):
       with strategy.scope():
         w = tf1.get_variable(
             'w', [3], initializer=tf1.random_normal_initializer())
-      self.assertIsInstance(w, replicate.values.Mirrored)
+      self.assertIsInstance(w, replicate.cross_tower.values.Mirrored)
       self.assertLen(w.values, NUM)
       for i, copy in enumerate(w.values):
         self.assertIn('CPU:{}'.format(i), copy.device)
@@ -1229,7 +1229,7 @@ class RunStepsErrorsTest(tf.test.TestCase):
         strategy.extended.experimental_run_steps_on_iterator(
             step_fn, iterator, initial_loop_values={'x': 0})
       with self.assertRaisesRegex(errors.InvalidArgumentError,
-                                  'iterations must be at least 1'):
+                                  'iterations must be an integer >= 1, got 0'):
         strategy.extended.experimental_run_steps_on_iterator(
             step_fn, iterator, iterations=0)
 

@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 import replicate
-from replicate import cluster_check
+from replicate.cluster import cluster_check
 from replicate._compat import tf1
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

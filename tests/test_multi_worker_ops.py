@@ -13,14 +13,14 @@ import numpy as np
 import tensorflow as tf
 
 import replicate
-from replicate import device_util
+from replicate.core import device_util
 from replicate import errors
-from replicate import multi_worker_ops
+from replicate.cross_tower import multi_worker_ops
 from replicate import testing
-from replicate import values
+from replicate.cross_tower import values
 from replicate import _compat
 from replicate._compat import tf1
-from replicate.reduce_util import ReduceOp
+from replicate.core.reduce_util import ReduceOp
 
 import ctops_testlib as lib
 

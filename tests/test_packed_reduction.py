@@ -7,12 +7,12 @@ import numpy as np
 import tensorflow as tf
 
 import replicate
-from replicate import device_util
-from replicate import packed_reduction
+from replicate.core import device_util
+from replicate.cross_tower import packed_reduction
 from replicate import testing
-from replicate import values
+from replicate.cross_tower import values
 from replicate._compat import tf1
-from replicate.reduce_util import ReduceOp
+from replicate.core.reduce_util import ReduceOp
 
 _DEVICES = testing.virtual_cpu_devices(4)
 _CANONICAL = [device_util.canonicalize(d) for d in _DEVICES]

@@ -5,9 +5,9 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
-from replicate import device_util
+from replicate.core import device_util
 from replicate import errors
-from replicate import packing
+from replicate.core import packing
 from replicate import testing
 from replicate._compat import tf1
 

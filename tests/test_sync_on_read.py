@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import replicate
 from replicate import errors
-from replicate import sync_on_read
+from replicate.strategy import sync_on_read
 from replicate import testing
 from replicate._compat import IS_TF2
 from replicate._compat import tf1

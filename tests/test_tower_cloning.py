@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import replicate
 from replicate import errors
-from replicate import tower_cloning
+from replicate.towers import tower_cloning
 from replicate._compat import IS_TF2
 from replicate._compat import tf1
 

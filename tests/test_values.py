@@ -3,10 +3,10 @@ from absl.testing import parameterized
 import tensorflow as tf
 
 import replicate
-from replicate import device_util
+from replicate.core import device_util
 from replicate import errors
-from replicate import reduce_util
-from replicate import values
+from replicate.core import reduce_util
+from replicate.cross_tower import values
 from replicate._compat import tf1
 
 _CPU0 = '/job:localhost/replica:0/task:0/device:CPU:0'

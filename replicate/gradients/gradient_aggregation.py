@@ -37,9 +37,9 @@ import collections
 from absl import logging
 import tensorflow as tf
 
-from replicate import device_util
-from replicate import gradient_gating
-from replicate import packing
+from replicate.core import device_util
+from replicate.gradients import gradient_gating
+from replicate.core import packing
 from replicate._compat import tf1
 
 # Gradients of at most this many bytes are packed; larger ones are summed

@@ -8,12 +8,12 @@ values, or destinations its fast path cannot serve).
 """
 import tensorflow as tf
 
-from replicate import device_util
+from replicate.core import device_util
 from replicate import errors
-from replicate import packed_reduction
-from replicate import reduce_util
-from replicate import values as values_lib
-from replicate.reduce_util import ReduceOp
+from replicate.cross_tower import packed_reduction
+from replicate.core import reduce_util
+from replicate.cross_tower import values as values_lib
+from replicate.core.reduce_util import ReduceOp
 
 
 def tensors_on_devices(per_device_value):

@@ -18,8 +18,8 @@ real transfer.
 """
 import collections
 
-from replicate import device_util
-from replicate import packing
+from replicate.core import device_util
+from replicate.core import packing
 
 # Reads of at most this many bytes are packed; a larger variable is worth
 # its own transfer more than a copy into a pack.

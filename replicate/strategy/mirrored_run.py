@@ -29,12 +29,13 @@ from absl import logging
 import six
 import tensorflow as tf
 
-from replicate import distribute_context
-from replicate import replica_context
+from replicate.strategy import default_strategy
+from replicate.strategy import distribute_context
+from replicate.strategy import replica_context
 from replicate import errors
-from replicate import matmul_gradient
-from replicate import reduce_util
-from replicate import values as values_lib
+from replicate.gradients import matmul_gradient
+from replicate.core import reduce_util
+from replicate.cross_tower import values as values_lib
 from replicate import _compat
 from replicate._compat import tf1
 
@@ -245,7 +246,7 @@ def _all_reduce_gradient(reduce_op, op, grads):
       returned): the other replicas' gradients are not there to add.
   """
   count = len(op.inputs) // 2
-  context = distribute_context.get_replica_context()
+  context = default_strategy.get_replica_context()
   if not isinstance(context, MirroredReplicaContext):
     raise errors.ContextError(
         'The gradient of all_reduce {} must be built inside the function '

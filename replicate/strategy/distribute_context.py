@@ -1,7 +1,9 @@
 """The thread-local stack of distribution contexts, and its readers.
 
-Every thread sees a stack of `_Context` entries. The bottom entry (implicit)
-is the default strategy in its default replica context. `Strategy.scope()`
+Every thread sees a stack of `Context` entries; an empty stack means the
+default strategy in its default replica context (`default_strategy.py`
+holds it and the readers that fall back on it, so this module stays below
+every strategy class). `Strategy.scope()`
 pushes a cross-replica entry; each replica thread of `call_for_each_replica`
 pushes a replica entry; `ReplicaContext.merge_call` pushes a cross-replica
 entry while the merge function runs. Entries are pushed and popped in
@@ -19,7 +21,7 @@ from replicate import errors
 _state = threading.local()
 
 
-class _Context(object):
+class Context(object):
   """One entry of the stack.
 
   Exactly one of `cross_replica_context` (a Strategy) and `replica_context`
@@ -41,20 +43,14 @@ def _stack():
   return _state.stack
 
 
-def _default_context():
-  from replicate import default_strategy as default_lib  # pylint: disable=g-import-not-at-top
-  return default_lib.default_context_entry()
+def innermost():
+  """The innermost `Context` of this thread, or None.
 
-
-def current_context():
-  """The innermost `_Context` of this thread (the default one if none)."""
+  None stands for the bottom of every stack: the default strategy in its
+  default replica context (see `default_strategy.current_context`).
+  """
   stack = _stack()
-  return stack[-1] if stack else _default_context()
-
-
-def is_default_context(context):
-  """Whether `context` is the default strategy's default replica context."""
-  return context is _default_context()
+  return stack[-1] if stack else None
 
 
 @contextlib.contextmanager
@@ -62,7 +58,7 @@ def pushed(context):
   """Pushes `context` for the duration of the `with` block.
 
   Args:
-    context: a `_Context`.
+    context: a `Context`.
 
   Yields:
     Nothing.
@@ -89,12 +85,12 @@ def pushed(context):
 
 def push_cross_replica(strategy):
   """A context manager pushing the cross-replica context of `strategy`."""
-  return pushed(_Context(strategy, cross_replica_context=strategy))
+  return pushed(Context(strategy, cross_replica_context=strategy))
 
 
 def push_replica(replica_context):
   """A context manager pushing `replica_context` (a `ReplicaContext`)."""
-  return pushed(_Context(replica_context.strategy,
+  return pushed(Context(replica_context.strategy,
                          replica_context=replica_context))
 
 
@@ -144,45 +140,6 @@ class UpdateContext(object):
     stack.pop()
 
 
-# --- Public readers -----------------------------------------------------------
-
-
-def get_strategy():
-  """The current `Strategy`: the one whose scope or replica we are in.
-
-  Returns:
-    The strategy of the innermost context; the default strategy (one replica,
-    identity reductions) outside any scope.
-  """
-  return current_context().strategy
-
-
-def get_replica_context():
-  """The current `ReplicaContext`, or None in a cross-replica context.
-
-  Returns:
-    Inside `call_for_each_replica`, the context of the replica being built;
-    outside any strategy scope, the default strategy's replica context (one
-    replica); inside `Strategy.scope()` or a merge function, None.
-  """
-  return current_context().replica_context
-
-
-def get_cross_replica_context():
-  """The current `Strategy` when in a cross-replica context, else None.
-
-  Returns:
-    The strategy whose scope (or merge function) we are in; None inside a
-    replica, and None outside any scope (the default replica context).
-  """
-  return current_context().cross_replica_context
-
-
-def in_cross_replica_context():
-  """Whether we are in a cross-replica context (a scope or a merge function)."""
-  return current_context().cross_replica_context is not None
-
-
 # --- Variables a strategy must not mirror -------------------------------------
 
 
@@ -206,8 +163,3 @@ def unmirrored_variables():
 def creating_unmirrored_variables():
   """Whether an `unmirrored_variables()` block is open in this thread."""
   return getattr(_state, 'unmirrored', 0) > 0
-
-
-def default_strategy():
-  """The default strategy (one replica, no distribution)."""
-  return _default_context().strategy

@@ -17,7 +17,7 @@ import collections
 
 import tensorflow as tf
 
-from replicate import device_util
+from replicate.core import device_util
 from replicate import errors
 from replicate import _compat
 

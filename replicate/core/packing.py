@@ -14,7 +14,7 @@ import collections
 import numpy as np
 import tensorflow as tf
 
-from replicate import device_util
+from replicate.core import device_util
 from replicate import errors
 
 # Packs on CPU devices are copied by one thread (`concat_rows`); False gives

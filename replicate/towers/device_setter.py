@@ -34,7 +34,7 @@ class VariablePlacement(enum.Enum):
     PARAMETER_SERVERS: in between-graph training (a `RunConfig` whose cluster,
       from `TF_CONFIG`, has a `ps` job), every variable on a parameter-server
       task, `/job:ps/task:<j>/device:CPU:0`, round robin or by `ps_strategy`;
-      see `replicate/cluster.py`. `CONSOLIDATION_DEVICE` does the same in
+      see `replicate/cluster/placement.py`. `CONSOLIDATION_DEVICE` does the same in
       such a cluster; this member makes it a requirement (an error without a
       `ps` job). Graphs the Estimator builds for a local session (EVAL,
       PREDICT) use the consolidation device.

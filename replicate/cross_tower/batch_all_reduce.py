@@ -7,21 +7,15 @@ reduction to one device, with one warning per call that says why.
 from absl import logging
 import tensorflow as tf
 
-from replicate import cross_tower_base
-from replicate import device_util
+from replicate.cross_tower import cross_tower_base
+from replicate.core import device_util
 from replicate import errors
-from replicate import packing
-from replicate import values as values_lib
-from replicate.cross_tower_base import CrossTowerOps
-from replicate.cross_tower_base import ReductionToOneDeviceCrossTowerOps
-from replicate.reduce_util import ReduceOp
-
-
-def check_int(name, value, minimum):
-  """Raises InvalidArgumentError unless `value` is an int >= `minimum`."""
-  if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-    raise errors.InvalidArgumentError(
-        '{} must be an integer >= {}, got {!r}.'.format(name, minimum, value))
+from replicate.core.checks import check_int
+from replicate.core import packing
+from replicate.cross_tower import values as values_lib
+from replicate.cross_tower.cross_tower_base import CrossTowerOps
+from replicate.cross_tower.cross_tower_base import ReductionToOneDeviceCrossTowerOps
+from replicate.core.reduce_util import ReduceOp
 
 
 def make_packer(num_packs, agg_small_grads_max_bytes,

@@ -8,12 +8,99 @@ elements of the dataset it returns, in replica order. `DistributedDataset`
 initializable or one-shot.
 """
 import numpy as np
+import enum
+
 import tensorflow as tf
 
-from replicate import distribute_context
+from replicate.strategy import distribute_context
 from replicate import errors
-from replicate import values as values_lib
+from replicate.cross_tower import values as values_lib
 from replicate._compat import tf1
+from replicate.core.checks import check_int
+
+
+class InputReplicationMode(enum.Enum):
+  """How `make_input_fn_iterator` replicates the input pipeline.
+
+  * `PER_WORKER`: `input_fn` is called once per worker; each of that worker's
+    replicas takes successive elements of the dataset it returns.
+  """
+  PER_WORKER = 'PER_WORKER'
+
+
+class InputContext(object):
+  """What an `input_fn` needs to know to build its share of the input.
+
+  Passed to the `input_fn` of `Strategy.make_input_fn_iterator`.
+  """
+
+  def __init__(self, num_input_pipelines=1, input_pipeline_id=0,
+               num_replicas_in_sync=1):
+    """Describes one input pipeline among several.
+
+    Args:
+      num_input_pipelines: how many pipelines there are (one per worker).
+      input_pipeline_id: which one this is, in `[0, num_input_pipelines)`.
+      num_replicas_in_sync: how many replicas train in sync (over all
+        pipelines).
+
+    Raises:
+      InvalidTypeError: if an argument is not an integer.
+      InvalidArgumentError: if a count is below 1 or the id is out of range.
+    """
+    check_int('num_input_pipelines', num_input_pipelines, 1)
+    check_int('input_pipeline_id', input_pipeline_id, 0)
+    check_int('num_replicas_in_sync', num_replicas_in_sync, 1)
+    if input_pipeline_id >= num_input_pipelines:
+      raise errors.InvalidArgumentError(
+          'input_pipeline_id {} is out of range for {} input pipelines; it '
+          'must be in [0, {}).'.format(input_pipeline_id, num_input_pipelines,
+                                       num_input_pipelines))
+    self._num_input_pipelines = num_input_pipelines
+    self._input_pipeline_id = input_pipeline_id
+    self._num_replicas_in_sync = num_replicas_in_sync
+
+  @property
+  def num_input_pipelines(self):
+    """How many input pipelines there are."""
+    return self._num_input_pipelines
+
+  @property
+  def input_pipeline_id(self):
+    """This pipeline's id, in `[0, num_input_pipelines)`."""
+    return self._input_pipeline_id
+
+  @property
+  def num_replicas_in_sync(self):
+    """How many replicas train in sync."""
+    return self._num_replicas_in_sync
+
+  def get_per_replica_batch_size(self, global_batch_size):
+    """The batch size of each replica for a global batch of that size.
+
+    Args:
+      global_batch_size: the batch size summed over all replicas.
+
+    Returns:
+      `global_batch_size // num_replicas_in_sync`.
+
+    Raises:
+      InvalidArgumentError (a ValueError): if the global batch size is not
+        divisible by the number of replicas.
+    """
+    if global_batch_size % self._num_replicas_in_sync:
+      raise errors.InvalidArgumentError(
+          'The global batch size ({}) is not divisible by the number of '
+          'replicas in sync ({}); use a global batch size that is a multiple '
+          'of {}.'.format(global_batch_size, self._num_replicas_in_sync,
+                          self._num_replicas_in_sync))
+    return global_batch_size // self._num_replicas_in_sync
+
+  def __repr__(self):
+    return ('InputContext(num_input_pipelines={}, input_pipeline_id={}, '
+            'num_replicas_in_sync={})'.format(
+                self._num_input_pipelines, self._input_pipeline_id,
+                self._num_replicas_in_sync))
 
 
 def _check_dataset(dataset, what):
@@ -205,9 +292,8 @@ class InputFunctionIterator(_IteratorBase):
     Raises:
       InvalidTypeError: if `input_fn` does not return a dataset.
     """
-    from replicate import distribute_lib  # pylint: disable=g-import-not-at-top
     num = len(devices) if devices is not None else 1
-    context = distribute_lib.InputContext(
+    context = InputContext(
         num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=num)
     dataset = input_fn(context)
     _check_dataset(dataset, 'The value returned by input_fn')
@@ -279,7 +365,8 @@ def numpy_dataset(numpy_input, session=None):
 class MultiStepContext(object):
   """Collects the outputs of `experimental_run_steps_on_iterator`'s steps."""
 
-  def __init__(self):
+  def __init__(self, strategy):
+    self._strategy = strategy
     self._last_step_outputs = {}
     self._reduce_ops = {}
     self._non_tensor_outputs = {}
@@ -298,7 +385,7 @@ class MultiStepContext(object):
       InvalidTypeError: if `output` is per-replica and `reduce_op` is None.
     """
     if reduce_op is not None:
-      output = distribute_context.get_strategy().reduce(reduce_op, output)
+      output = self._strategy.reduce(reduce_op, output)
     elif isinstance(output, values_lib.DistributedValues):
       raise errors.InvalidTypeError(
           'set_last_step_output({!r}) got a per-replica value without a '
@@ -331,7 +418,7 @@ def run_steps_on_iterator(strategy, fn, iterator, iterations,
   """
   initial = dict(initial_loop_values or {})
   names = sorted(initial)
-  context = MultiStepContext()
+  context = MultiStepContext(strategy)
 
   def body(step, *loop_values):
     context._last_step_outputs = dict(zip(names, loop_values))  # pylint: disable=protected-access
@@ -355,5 +442,4 @@ def run_steps_on_iterator(strategy, fn, iterator, iterations,
   loop = loop if isinstance(loop, (list, tuple)) else [loop]
   context._last_step_outputs = dict(zip(names, loop[1:]))  # pylint: disable=protected-access
   context.run_op = tf.group(*loop)
-  del strategy  # The strategy's scope is entered by the caller.
   return context

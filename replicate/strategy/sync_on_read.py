@@ -32,13 +32,14 @@ outside the replicas), so a metric never reads one replica's partial count.
 """
 import tensorflow as tf
 
-from replicate import distribute_context
+from replicate.strategy import default_strategy
+from replicate.strategy import distribute_context
 from replicate import errors
-from replicate import reduce_util
-from replicate import values as values_lib
+from replicate.core import reduce_util
+from replicate.cross_tower import values as values_lib
 from replicate import _compat
 from replicate._compat import tf1
-from replicate.mirrored_values import MirroredVariable
+from replicate.strategy.mirrored_values import MirroredVariable
 
 
 class SyncOnReadVariable(MirroredVariable):
@@ -73,9 +74,9 @@ class SyncOnReadVariable(MirroredVariable):
     """Whether the context means one copy: an update, or a replica."""
     if distribute_context.get_update_device() is not None:
       return True
-    replica = distribute_context.get_replica_context()
+    replica = default_strategy.get_replica_context()
     return (replica is not None and replica.strategy is self._strategy and
-            distribute_context.get_strategy() is self._strategy)
+            default_strategy.get_strategy() is self._strategy)
 
   def _combined(self):
     """The copies combined by `aggregation`, on the primary's device.

@@ -8,10 +8,10 @@ would have put it. What to copy and when is decided in tower_cloning.py.
 """
 import tensorflow as tf
 
-from replicate import device_setter
-from replicate import device_util
-from replicate import gradient_gating
-from replicate import read_packing
+from replicate.towers import device_setter
+from replicate.core import device_util
+from replicate.gradients import gradient_gating
+from replicate.gradients import read_packing
 from replicate._compat import tf1
 
 _SEED2_STRIDE = 1000003  # a prime: seed2 + i * stride differs per tower

@@ -25,7 +25,7 @@ import contextlib
 
 import tensorflow as tf
 
-from replicate import device_util
+from replicate.core import device_util
 from replicate._compat import tf1
 
 GRADIENT_NAME = 'ReplicateCpuMatMul'

@@ -10,21 +10,13 @@ import copy
 
 import six
 
-from replicate import distribute_context
+from replicate.strategy import distribute_context
 from replicate import errors
-from replicate import input_lib
-from replicate import reduce_util
-from replicate import values as values_lib
+from replicate.strategy import input_lib
+from replicate.core import reduce_util
+from replicate.cross_tower import values as values_lib
 from replicate._compat import tf1
-
-
-def check_int(name, value, minimum):
-  if not isinstance(value, six.integer_types) or isinstance(value, bool):
-    raise errors.InvalidTypeError('{} must be an integer, got {!r}.'.format(
-        name, value))
-  if value < minimum:
-    raise errors.InvalidArgumentError(
-        '{} must be at least {}, got {}.'.format(name, minimum, value))
+from replicate.core.checks import check_int
 
 
 def _wrong_strategy_error(strategy, context):
@@ -59,11 +51,11 @@ def require_cross_replica_or_default_context(extended, method):
     ContextError: in a replica context of this strategy, or in any context of
       another strategy.
   """
-  context = distribute_context.current_context()
+  context = distribute_context.innermost()
+  if context is None:
+    return  # No strategy at all: the default replica context.
   strategy = extended._container_strategy()  # pylint: disable=protected-access
   if context.cross_replica_context is strategy:
-    return
-  if distribute_context.is_default_context(context):
     return
   if context.strategy is not strategy:
     raise _wrong_strategy_error(strategy, context)
@@ -85,7 +77,15 @@ def require_replica_context(replica_context, method):
   Raises:
     ContextError: in a cross-replica context, or in another replica's context.
   """
-  context = distribute_context.current_context()
+  context = distribute_context.innermost()
+  if context is None:
+    # The default replica context, the bottom of every stack.
+    if replica_context.strategy.extended._is_default_strategy():  # pylint: disable=protected-access
+      return
+    raise errors.ContextError(
+        'ReplicaContext.{} was called outside its replica (no strategy is '
+        'current). Call it from the function given to '
+        'call_for_each_replica.'.format(method))
   if context.replica_context is replica_context:
     return
   if context.replica_context is None:
@@ -125,11 +125,12 @@ class StrategyExtended(object):
   @contextlib.contextmanager
   def _scope(self, strategy):
     """Pushes the cross-replica context of `strategy` (see `Strategy.scope`)."""
-    context = distribute_context.current_context()
-    if context.cross_replica_context is strategy:
+    context = distribute_context.innermost()
+    if context is not None and context.cross_replica_context is strategy:
       yield strategy  # Entering the scope again: nothing more to push.
       return
-    if context.strategy is not distribute_context.default_strategy():
+    if (context is not None and
+        not context.strategy.extended._is_default_strategy()):  # pylint: disable=protected-access
       if context.strategy is not strategy:
         raise _wrong_strategy_error(strategy, context)
       raise errors.ContextError(
@@ -140,6 +141,10 @@ class StrategyExtended(object):
     with distribute_context.push_cross_replica(strategy):
       with self._scope_extras():
         yield strategy  # `with strategy.scope() as s` gives it, as in TF.
+
+  def _is_default_strategy(self):
+    """Whether this is the default strategy (one replica, no distribution)."""
+    return False
 
   def _scope_extras(self):
     """What a subclass enters inside its scope (e.g. a variable creator)."""
@@ -461,8 +466,6 @@ class StrategyExtended(object):
   # Per-graph bookkeeping a copy starts without (see subclasses).
   _NOT_DEEPCOPIED = ()
 
-
-DistributionStrategyExtended = StrategyExtended
 
 
 def _check_destinations(destinations):

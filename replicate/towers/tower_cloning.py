@@ -40,7 +40,7 @@ import enum
 from absl import logging
 import tensorflow as tf
 
-from replicate import gradient_gating
+from replicate.gradients import gradient_gating
 from replicate._compat import tf1
 
 

@@ -2,7 +2,7 @@
 import tensorflow as tf
 
 from replicate import errors
-from replicate import gradient_aggregation
+from replicate.gradients import gradient_aggregation
 from replicate._compat import ClassificationOutput
 from replicate._compat import EstimatorSpec
 from replicate._compat import ModeKeys

@@ -22,8 +22,8 @@ import collections
 
 import tensorflow as tf
 
-from replicate import packing
-from replicate import values as values_lib
+from replicate.core import packing
+from replicate.cross_tower import values as values_lib
 
 # The largest value packed, and the most values per pack; 0 bytes turns
 # packing off. (The same trade-off as gradient_aggregation's packs: a large

@@ -18,10 +18,11 @@ every copy gets the replicas' values combined by the variable's
 """
 import tensorflow as tf
 
-from replicate import distribute_context
+from replicate.strategy import default_strategy
+from replicate.strategy import distribute_context
 from replicate import errors
-from replicate import reduce_util
-from replicate import values as values_lib
+from replicate.core import reduce_util
+from replicate.cross_tower import values as values_lib
 from replicate import _compat
 
 
@@ -70,9 +71,9 @@ class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):
     device = distribute_context.get_update_device()
     if device is not None:
       return self._lookup(device)
-    replica = distribute_context.get_replica_context()
+    replica = default_strategy.get_replica_context()
     if (replica is not None and replica.strategy is self._strategy and
-        distribute_context.get_strategy() is self._strategy):
+        default_strategy.get_strategy() is self._strategy):
       return self.values[replica.replica_id_in_sync_group]
     return self.primary
 
@@ -134,7 +135,7 @@ class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):
         read it when they update a variable, and an update there would
         change only this replica's copy.
     """
-    replica = distribute_context.get_replica_context()
+    replica = default_strategy.get_replica_context()
     if (distribute_context.get_update_device() is None and
         replica is not None and replica.strategy is self._strategy):
       raise errors.ContextError(
@@ -154,7 +155,7 @@ class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):
     def update(copy, value):
       return getattr(copy, method)(value, use_locking=use_locking,
                                    read_value=read_value)
-    replica = distribute_context.get_replica_context()
+    replica = default_strategy.get_replica_context()
     if replica is not None and replica.strategy is self._strategy:
       return self._assign_in_replica(replica, method, value, update)
     return self._strategy.extended.update(self, update, args=(value,))

@@ -6,16 +6,16 @@ are identities and its updates run once, next to the variable.
 """
 import tensorflow as tf
 
-from replicate import distribute_context
-from replicate import distribute_lib
+from replicate.strategy import distribute_context
 from replicate import errors
-from replicate import input_lib
-from replicate import values as values_lib
+from replicate.strategy import input_lib
+from replicate.cross_tower import values as values_lib
 from replicate import _compat
 from replicate._compat import tf1
-from replicate.distribute_context import UpdateContext
-from replicate.replica_context import ReplicaContext
-from replicate.strategy_extended import StrategyExtended
+from replicate.strategy.distribute_context import UpdateContext
+from replicate.strategy.replica_context import ReplicaContext
+from replicate.strategy.strategy_base import Strategy
+from replicate.strategy.strategy_extended import StrategyExtended
 
 
 class _DefaultExtended(StrategyExtended):
@@ -24,6 +24,9 @@ class _DefaultExtended(StrategyExtended):
   @property
   def _num_replicas_in_sync(self):
     return 1
+
+  def _is_default_strategy(self):
+    return True
 
   def _colocate_vars_with(self, colocate_with_variable):
     def creator(next_creator, **kwargs):
@@ -95,7 +98,7 @@ class _DefaultExtended(StrategyExtended):
     return input_lib.InputFunctionIterator(input_fn, devices=None)
 
 
-class _DefaultStrategy(distribute_lib.Strategy):
+class _DefaultStrategy(Strategy):
   """The strategy in effect when no other is: one replica, no distribution."""
 
   def __init__(self):
@@ -113,7 +116,7 @@ class _DefaultReplicaContext(ReplicaContext):
 
 def _make_default_context():
   strategy = _DefaultStrategy()
-  return distribute_context._Context(  # pylint: disable=protected-access
+  return distribute_context.Context(
       strategy, replica_context=_DefaultReplicaContext(strategy, 0))
 
 
@@ -121,10 +124,52 @@ def _make_default_context():
 _DEFAULT_CONTEXT = _make_default_context()
 
 
-def _get_default_strategy():
+def current_context():
+  """The innermost context entry of this thread (the default one if none)."""
+  return distribute_context.innermost() or _DEFAULT_CONTEXT
+
+
+def default_strategy():
+  """The default strategy (one replica, no distribution)."""
   return _DEFAULT_CONTEXT.strategy
 
 
-def default_context_entry():
-  """The bottom entry of every thread's stack: the default replica context."""
-  return _DEFAULT_CONTEXT
+def has_strategy():
+  """Whether a strategy other than the default one is current."""
+  return get_strategy() is not default_strategy()
+
+
+def get_strategy():
+  """The current `Strategy`: the one whose scope or replica we are in.
+
+  Returns:
+    The strategy of the innermost context; the default strategy (one replica,
+    identity reductions) outside any scope.
+  """
+  return current_context().strategy
+
+
+def get_replica_context():
+  """The current `ReplicaContext`, or None in a cross-replica context.
+
+  Returns:
+    Inside `call_for_each_replica`, the context of the replica being built;
+    outside any strategy scope, the default strategy's replica context (one
+    replica); inside `Strategy.scope()` or a merge function, None.
+  """
+  return current_context().replica_context
+
+
+def get_cross_replica_context():
+  """The current `Strategy` when in a cross-replica context, else None.
+
+  Returns:
+    The strategy whose scope (or merge function) we are in; None inside a
+    replica, and None outside any scope (the default replica context).
+  """
+  return current_context().cross_replica_context
+
+
+def in_cross_replica_context():
+  """Whether we are in a cross-replica context (a scope or a merge function)."""
+  return current_context().cross_replica_context is not None

@@ -19,12 +19,12 @@ and decides placement; it builds no ops.
 """
 import numbers
 
-from replicate import cluster_check
-from replicate import device_setter
+from replicate.cluster import cluster_check
+from replicate.towers import device_setter
 from replicate import errors
 from replicate._compat import ModeKeys
 from replicate._compat import tf1
-from replicate.device_setter import VariablePlacement
+from replicate.towers.device_setter import VariablePlacement
 
 PS_JOB = 'ps'
 # Jobs whose tasks run the training loop in between-graph replication.

@@ -1,0 +1,14 @@
+"""The Strategy layer: `tf.distribute`-style strategies over our reductions.
+
+Holds the thread-local context stack (`distribute_context`), the
+`Strategy` / `StrategyExtended` / `ReplicaContext` API (`strategy_base`,
+`strategy_extended`, `replica_context`), the default one-replica strategy and
+the readers of the current context (`default_strategy`), input
+(`input_lib`), and the mirrored strategy: running a function per replica
+(`mirrored_run`), mirrored and sync-on-read variables (`mirrored_values`,
+`sync_on_read`) and the strategy itself. `replicate/distribute_lib.py` and
+`replicate/mirrored_strategy.py` are the public facades.
+
+May import: `replicate.core`, `replicate.cross_tower`, `replicate.gradients`
+(and errors, _compat). Never `towers`, `cluster` or a facade.
+"""
