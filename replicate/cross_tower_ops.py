@@ -3,173 +3,19 @@
 * `ReductionToOneDeviceCrossTowerOps`: reduce on one device, copy out.
 * `AllReduceCrossTowerOps`: all-reduce among the devices of one machine, by
   NCCL or hierarchical copy, after optional repacking.
-* `MultiWorkerAllReduce`, `CollectiveAllReduce`: across workers
-  (defined in `multi_worker_ops`).
+* `MultiWorkerAllReduce`, `CollectiveAllReduce`: across workers.
 * `choose_the_best(devices)`: picks one for the local devices.
 
-The API (`CrossTowerOps`) and reduction to one device are defined in
-`cross_tower_base`; they and the multi-worker classes are re-exported here.
+A facade: the implementation is in `replicate/cross_tower/`.
 """
-import enum
-
-from absl import logging
-import tensorflow as tf
-
-from replicate.cross_tower import all_reduce
-from replicate.core import device_util
-from replicate import errors
-from replicate.cross_tower import values as values_lib
-from replicate import _compat
-from replicate.cross_tower.batch_all_reduce import BatchAllReduceBase
-from replicate.core.checks import check_int
 # pylint: disable=g-importing-member,unused-import
+from replicate.cross_tower.all_reduce_ops import AllReduceAlgorithm
+from replicate.cross_tower.all_reduce_ops import AllReduceCrossTowerOps
+from replicate.cross_tower.all_reduce_ops import choose_for
+from replicate.cross_tower.all_reduce_ops import choose_the_best
+from replicate.cross_tower.all_reduce_ops import has_dgx1_like_links
 from replicate.cross_tower.cross_tower_base import CrossTowerOps
 from replicate.cross_tower.cross_tower_base import ReductionToOneDeviceCrossTowerOps
 from replicate.cross_tower.multi_worker_ops import CollectiveAllReduce
 from replicate.cross_tower.multi_worker_ops import CollectiveKeys
 from replicate.cross_tower.multi_worker_ops import MultiWorkerAllReduce
-# pylint: enable=g-importing-member,unused-import
-
-
-class AllReduceAlgorithm(enum.Enum):
-  """The all-reduce algorithms of `AllReduceCrossTowerOps`."""
-  NCCL = 'nccl'
-  HIERARCHICAL_COPY = 'hierarchical_copy'
-
-
-class AllReduceCrossTowerOps(BatchAllReduceBase):
-  """All-reduce among the devices of one machine, after optional repacking.
-
-  `num_packs > 0`: each device's tensors are concatenated and split into
-  `num_packs` packs; else, with `agg_small_grads_max_bytes > 0`, runs of
-  small tensors are grouped; else tensors are all-reduced one by one.
-  `IndexedSlices`, and destinations other than the values' own devices, are
-  reduced to one device instead, with one warning.
-  """
-
-  def __init__(self, all_reduce_alg='nccl', num_packs=1,
-               agg_small_grads_max_bytes=0, agg_small_grads_max_group=10):
-    """Builds the object.
-
-    Args:
-      all_reduce_alg: `'nccl'` or `'hierarchical_copy'` (or an
-        `AllReduceAlgorithm`).
-      num_packs: int >= 0, see the class docstring.
-      agg_small_grads_max_bytes: int >= 0, largest tensor (bytes) grouped.
-      agg_small_grads_max_group: int >= 1, most tensors in a group.
-
-    Raises:
-      InvalidArgumentError: for an unknown algorithm or a knob out of range.
-    """
-    super(AllReduceCrossTowerOps, self).__init__()
-    try:
-      self._algorithm = AllReduceAlgorithm(
-          all_reduce_alg.value if isinstance(all_reduce_alg, AllReduceAlgorithm)
-          else all_reduce_alg)
-    except ValueError:
-      raise errors.InvalidArgumentError(
-          'Unknown all_reduce_alg {!r}; use one of {}.'.format(
-              all_reduce_alg, ', '.join(repr(a.value)
-                                        for a in AllReduceAlgorithm)))
-    check_int('num_packs', num_packs, 0)
-    check_int('agg_small_grads_max_bytes', agg_small_grads_max_bytes, 0)
-    check_int('agg_small_grads_max_group', agg_small_grads_max_group, 1)
-    self._num_packs = num_packs
-    self._agg_small_grads_max_bytes = agg_small_grads_max_bytes
-    self._agg_small_grads_max_group = agg_small_grads_max_group
-
-  @property
-  def all_reduce_alg(self):
-    """The `AllReduceAlgorithm`."""
-    return self._algorithm
-
-  def _all_reduce_per_device(self, reduce_op, devices, tensors):
-    # One device has nothing to all-reduce (the base class copies it), on
-    # any device type.
-    if self._algorithm == AllReduceAlgorithm.NCCL and len(devices) > 1:
-      not_gpus = [d for d in devices if device_util.device_type_of(d) != 'GPU']
-      if not_gpus:
-        raise errors.InvalidArgumentError(
-            'NCCL all-reduce runs on GPUs only, got {}; use '
-            'all_reduce_alg="hierarchical_copy" or '
-            'ReductionToOneDeviceCrossTowerOps.'.format(', '.join(not_gpus)))
-    return super(AllReduceCrossTowerOps, self)._all_reduce_per_device(
-        reduce_op, devices, tensors)
-
-  def _all_reduce(self, tensors, index):
-    if self._algorithm == AllReduceAlgorithm.NCCL:
-      return all_reduce.build_nccl_all_reduce(tensors)
-    return all_reduce.build_hierarchical_copy_all_reduce(
-        tensors, leader_offset=index)
-
-
-def has_dgx1_like_links(gpu_links):
-  """Whether GPUs are linked like a DGX-1 (two linked quads, i <-> i+4).
-
-  Args:
-    gpu_links: for each GPU, the list of GPU indices it has a direct link to.
-
-  Returns:
-    True when there are at least 8 GPUs and GPU i of the first 8 is linked to
-    the other three of its quad and to GPU i + 4 (mod 8).
-  """
-  if len(gpu_links) < 8:
-    return False
-  for i in range(8):
-    quad = i // 4 * 4
-    needed = {j for j in range(quad, quad + 4) if j != i} | {(i + 4) % 8}
-    if not needed <= set(gpu_links[i]):
-      return False
-  return True
-
-
-def choose_for(devices, local_devices):
-  """`choose_the_best` given a description of the local devices.
-
-  Args:
-    devices: canonical device strings requested.
-    local_devices: `(name, device_type, links)` of each local device.
-
-  Returns:
-    A `CrossTowerOps`.
-  """
-  local = {device_util.canonicalize(name): (kind, links)
-           for name, kind, links in local_devices}
-  if any(device_util.device_type_of(d) != 'GPU' for d in devices):
-    logging.info('Not all of %s are GPUs: reducing to one device.',
-                 ', '.join(devices))
-    return ReductionToOneDeviceCrossTowerOps()
-  missing = [d for d in devices if d not in local]
-  if missing:
-    logging.warning('GPUs %s are not visible to this process: reducing to one '
-                    'device instead of all-reducing.', ', '.join(missing))
-    return ReductionToOneDeviceCrossTowerOps()
-  gpu_links = [local[name][1] for name in sorted(
-      (n for n, (kind, _) in local.items() if kind == 'GPU'),
-      key=lambda n: tf.compat.v1.DeviceSpec.from_string(n).device_index)]
-  if len(devices) == len(gpu_links) and has_dgx1_like_links(gpu_links):
-    return AllReduceCrossTowerOps('hierarchical_copy')
-  return AllReduceCrossTowerOps('nccl')
-
-
-def choose_the_best(devices, session_config=None):
-  """The best `CrossTowerOps` for `devices` on this machine.
-
-  If every requested device is a GPU visible to this process, all-reduce:
-  hierarchical copy when all GPUs of a DGX-1-like topology are used, NCCL
-  otherwise. Else (CPUs, or GPUs not visible), reduction to one device.
-
-  Args:
-    devices: a device string or a list of them.
-    session_config: optional `ConfigProto` used to list the local devices.
-
-  Returns:
-    A `CrossTowerOps`.
-
-  Raises:
-    InvalidArgumentError: for empty or None `devices`.
-  """
-  devices = values_lib.get_devices_from(devices)
-  if any(device_util.device_type_of(d) != 'GPU' for d in devices):
-    return choose_for(devices, [])
-  return choose_for(devices, _compat.local_device_attributes(session_config))

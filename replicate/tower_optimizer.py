@@ -13,11 +13,11 @@ import tensorflow as tf
 from replicate import errors
 from replicate.gradients import gradient_aggregation
 from replicate.gradients import gradient_gating
-from replicate import mirrored_strategy
 from replicate.towers import tower_cloning
 from replicate.towers import tower_collections
 from replicate.towers import tower_context
 from replicate._compat import tf1
+from replicate.strategy import default_strategy
 
 
 class TowerOptimizer(tf1.train.Optimizer):
@@ -105,8 +105,10 @@ class TowerOptimizer(tf1.train.Optimizer):
     """
     replication = tower_context.current_replication()
     optimizer = self._get_optimizer()
-    if replication is None and mirrored_strategy.in_mirrored_replica():
-      return self._compute_replica_gradients(optimizer, loss, var_list, kwargs)
+    replica = _gradient_routing_replica()
+    if replication is None and replica is not None:
+      return self._compute_replica_gradients(replica, optimizer, loss,
+                                             var_list, kwargs)
     if replication is None or replication.num_towers == 1:
       return optimizer.compute_gradients(loss, var_list=var_list, **kwargs)
     if callable(loss):
@@ -144,13 +146,13 @@ class TowerOptimizer(tf1.train.Optimizer):
     replication.record_raw_gradients(raw)
     return grads_and_vars
 
-  def _compute_replica_gradients(self, optimizer, loss, var_list, kwargs):
-    """One `MirroredStrategy` replica's gradients, gated per variable.
+  def _compute_replica_gradients(self, replica, optimizer, loss, var_list,
+                                 kwargs):
+    """One strategy replica's gradients, gated per variable.
 
     As in a tower (`_compute_tower_gradients`), without scaling the loss (a
     replica scales its loss to the global batch itself). The replica context
-    keeps the raw gradients, so that the sum over replicas may fuse them
-    (`mirrored_strategy.apply_gradients_across_replicas`).
+    keeps the raw gradients, so that its sum over replicas may fuse them.
     """
     self._check_gate_gradients(kwargs)
     if callable(loss):
@@ -158,7 +160,7 @@ class TowerOptimizer(tf1.train.Optimizer):
       return optimizer.compute_gradients(loss, var_list=var_list, **kwargs)
     grads_and_vars, raw = self._gated_gradients(
         tf1.get_default_graph(), optimizer, loss, var_list, kwargs)
-    mirrored_strategy.record_raw_gradients(raw)
+    replica._record_raw_gradients(raw)  # pylint: disable=protected-access
     return grads_and_vars
 
   def _check_gate_gradients(self, kwargs):
@@ -215,11 +217,12 @@ class TowerOptimizer(tf1.train.Optimizer):
     """
     replication = tower_context.current_replication()
     optimizer = self._get_optimizer()
-    if replication is None and mirrored_strategy.in_mirrored_replica():
-      # Inside call_for_each_replica of a MirroredStrategy: sum over
-      # replicas in a merge_call and update every mirrored copy.
-      return mirrored_strategy.apply_gradients_across_replicas(
-          optimizer, grads_and_vars, global_step=global_step, name=name)
+    replica = _gradient_routing_replica()
+    if replication is None and replica is not None:
+      # Inside call_for_each_replica of a MirroredStrategy: the replica
+      # context sums over replicas and updates every mirrored copy.
+      return replica._apply_gradients(  # pylint: disable=protected-access
+          optimizer, grads_and_vars, global_step, name)
     if replication is None or replication.num_towers == 1:
       return optimizer.apply_gradients(
           grads_and_vars, global_step=global_step, name=name)
@@ -305,3 +308,15 @@ def _tensors_of(gradients):
     else:
       tensors.append(grad)
   return tensors
+
+
+def _gradient_routing_replica():
+  """The current strategy replica context if it routes gradients, else None.
+
+  A `MirroredStrategy` replica sums gradients across replicas itself
+  (`ReplicaContext._apply_gradients`); the default context does not.
+  """
+  replica = default_strategy.get_replica_context()
+  if replica is not None and replica._routes_gradients():  # pylint: disable=protected-access
+    return replica
+  return None

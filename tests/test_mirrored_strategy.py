@@ -9,6 +9,7 @@ import tensorflow as tf
 import replicate
 from replicate import errors
 from replicate import mirrored_strategy
+from replicate.strategy import mirrored_values
 from replicate import testing
 from replicate.cross_tower import values
 from replicate._compat import IS_TF2
@@ -87,7 +88,7 @@ class MirroredVariableTest(tf.test.TestCase):
         local = tf1.Variable(
             2.0, name='local', trainable=False,
             collections=[tf1.GraphKeys.LOCAL_VARIABLES])
-      self.assertIsInstance(v, mirrored_strategy.MirroredVariable)
+      self.assertIsInstance(v, mirrored_values.MirroredVariable)
       self.assertEqual(tf1.global_variables(), [v])
       self.assertEqual(tf1.trainable_variables(), [v])
       self.assertEqual(tf1.local_variables(), [local])
@@ -232,7 +233,7 @@ class MirroredVariableTest(tf.test.TestCase):
         on_read = tf1.get_variable(
             'r', [], synchronization=tf.VariableSynchronization.ON_READ,
             aggregation=tf.VariableAggregation.SUM)
-      self.assertIsInstance(on_read, mirrored_strategy.MirroredVariable)
+      self.assertIsInstance(on_read, mirrored_values.MirroredVariable)
 
   def test_variables_created_in_replicas_are_shared(self):
     strategy = _strategy()
@@ -246,7 +247,7 @@ class MirroredVariableTest(tf.test.TestCase):
       a, b, c = strategy.experimental_run_v2(fn)
       # Every replica returned the same mirrored variables: not per-replica.
       for v in (a, b, c):
-        self.assertIsInstance(v, mirrored_strategy.MirroredVariable)
+        self.assertIsInstance(v, mirrored_values.MirroredVariable)
       self.assertIsNot(b, c)
       self.assertLen(tf1.global_variables(), 3)
 
@@ -278,7 +279,7 @@ class MirroredVariableTest(tf.test.TestCase):
           colocated = tf1.Variable(1.0, name='c')
       # Next to a mirrored variable: mirrored too. Next to a plain one: one
       # plain variable, colocated with it.
-      self.assertIsInstance(mirrored, mirrored_strategy.MirroredVariable)
+      self.assertIsInstance(mirrored, mirrored_values.MirroredVariable)
       self.assertEqual(mirrored.devices, w.devices)
       self.assertNotIsInstance(colocated, values.DistributedValues)
       self.assertEqual(colocated.op.colocation_groups(),
@@ -294,9 +295,9 @@ class MirroredVariableTest(tf.test.TestCase):
     with tf.Graph().as_default():
       outputs = strategy.experimental_run_v2(fn)
       kernel, bias = tf1.global_variables()
-      self.assertIsInstance(kernel, mirrored_strategy.MirroredVariable)
+      self.assertIsInstance(kernel, mirrored_values.MirroredVariable)
       self.assertEqual(kernel.name, 'dense/kernel:0')
-      self.assertIsInstance(bias, mirrored_strategy.MirroredVariable)
+      self.assertIsInstance(bias, mirrored_values.MirroredVariable)
       for i, output in enumerate(strategy.unwrap(outputs)):
         self.assertIn('CPU:{}'.format(i), output.device)
 
@@ -347,7 +348,7 @@ class MergeCallTest(tf.test.TestCase):
         return tf1.get_variable('w', [], initializer=tf1.zeros_initializer())
     with tf.Graph().as_default():
       result = strategy.experimental_run_v2(fn)
-      self.assertIsInstance(result, mirrored_strategy.MirroredVariable)
+      self.assertIsInstance(result, mirrored_values.MirroredVariable)
       self.assertEqual(result.primary.op.name, 'model/w')
 
   def test_merge_call_order_and_results(self):
@@ -991,7 +992,7 @@ class TrainingTest(parameterized.TestCase, tf.test.TestCase):
         global_step = tf1.train.get_or_create_global_step()
         train = strategy.group(strategy.experimental_run(step, iterator))
       w, b = tf1.trainable_variables()
-      self.assertIsInstance(global_step, mirrored_strategy.MirroredVariable)
+      self.assertIsInstance(global_step, mirrored_values.MirroredVariable)
       with tf1.Session(config=CONFIG) as sess:
         sess.run([tf1.global_variables_initializer(), iterator.initialize()])
         for _ in range(_STEPS):

@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from replicate.strategy import default_strategy
 from replicate.strategy import distribute_context
+from replicate.strategy import mirrored_gradients
 from replicate.strategy import replica_context
 from replicate import errors
 from replicate.gradients import matmul_gradient
@@ -167,16 +168,17 @@ class MirroredReplicaContext(replica_context.ReplicaContext):
     self._thread = thread
     self._raw_gradients = {}
 
-  def record_raw_gradients(self, raw_gradients):
-    """Keeps `TowerOptimizer`'s raw gradients for the sum over replicas.
+  def _routes_gradients(self):
+    return True
 
-    Args:
-      raw_gradients: a dict from gradient tensor names to the
-        `gradient_gating.RawGradient` they gate.
-    """
+  def _record_raw_gradients(self, raw_gradients):
     self._raw_gradients.update(raw_gradients)
 
-  def raw_gradient(self, gradient):
+  def _apply_gradients(self, optimizer, grads_and_vars, global_step, name):
+    return mirrored_gradients.apply_gradients_across_replicas(
+        optimizer, grads_and_vars, global_step=global_step, name=name)
+
+  def _raw_gradient(self, gradient):
     """The `RawGradient` recorded for `gradient` in this replica, or None."""
     if not isinstance(gradient, tf.Tensor):
       return None

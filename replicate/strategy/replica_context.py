@@ -122,6 +122,24 @@ class ReplicaContext(object):
     del reduce_op  # One replica: SUM and MEAN are both the identity.
     return tf.nest.map_structure(tf.identity, value)
 
+  # The gradient route: how an optimizer wrapper (`TowerOptimizer`) treats
+  # gradients computed in this replica. Here, and in the default context,
+  # the wrapped optimizer applies them as it is; a strategy whose replicas
+  # must sum gradients across replicas overrides all three.
+
+  def _routes_gradients(self):
+    """Whether `_apply_gradients` replaces the optimizer's own apply."""
+    return False
+
+  def _record_raw_gradients(self, raw_gradients):
+    """Keeps the `gradient_gating.RawGradient`s gated in this replica."""
+    del raw_gradients  # Nothing to fuse with a single replica.
+
+  def _apply_gradients(self, optimizer, grads_and_vars, global_step, name):
+    """Applies this replica's share of a step's gradients with `optimizer`."""
+    return optimizer.apply_gradients(grads_and_vars, global_step=global_step,
+                                     name=name)
+
   def __repr__(self):
     return 'ReplicaContext(replica {} of {})'.format(
         self._replica_id_in_sync_group, describe_strategy(self._strategy))

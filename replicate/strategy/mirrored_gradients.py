@@ -1,0 +1,160 @@
+"""Gradients of `MirroredStrategy` replicas: summed once, applied to every copy.
+
+`apply_gradients_across_replicas` is the route a mirrored replica context
+offers optimizer wrappers (`ReplicaContext._apply_gradients`): one
+`merge_call` sums each variable's gradients over the replicas (large `MatMul`
+weight gradients of CPU replicas as one fused product) and one
+`apply_gradients` updates every copy.
+"""
+import functools
+
+import tensorflow as tf
+
+from replicate import errors
+from replicate._compat import tf1
+from replicate.core.reduce_util import ReduceOp
+from replicate.cross_tower import cross_tower_base
+from replicate.cross_tower import values as values_lib
+from replicate.gradients import gradient_aggregation
+from replicate.strategy import default_strategy
+from replicate.strategy import distribute_context
+from replicate.strategy.mirrored_values import MirroredVariable
+
+
+def apply_gradients_across_replicas(optimizer, grads_and_vars,
+                                    global_step=None, name=None):
+  """Sums each variable's gradient over replicas and updates every copy.
+
+  Call it inside `call_for_each_replica` of a `MirroredStrategy`, once per
+  replica, with that replica's gradients (of a loss scaled to the global
+  batch). In one `merge_call`, the per-replica gradients are summed with
+  `batch_reduce_to` onto the variables' devices, and `optimizer` updates every
+  copy of every variable with the sum. Gradients that
+  `TowerOptimizer.compute_gradients` computed in CPU replicas of one task as
+  large `MatMul` weight gradients are instead summed as one product of the
+  replicas' inputs on the variable's first device (unless the strategy was
+  given a `cross_tower_ops`). All copies are updated by a single
+  `apply_gradients` call, so state the optimizer keeps once per step (Adam's
+  beta powers, the global step) advances once. Slots are made per copy and
+  then mirrored like the variables: one checkpoint key per slot, named as
+  one device names it, restored into every copy.
+
+  Args:
+    optimizer: a `tf.compat.v1.train.Optimizer`.
+    grads_and_vars: this replica's `(gradient, variable)` pairs; variables are
+      mirrored variables of the current strategy.
+    global_step: optional variable incremented once per step, after the
+      updates.
+    name: optional name of the returned op.
+
+  Returns:
+    The op applying the update (the same op on every replica).
+
+  Raises:
+    ContextError: outside a replica context.
+    InvalidArgumentError: if no gradient is given, or a variable is not a
+      mirrored variable of the current strategy.
+  """
+  replica = default_strategy.get_replica_context()
+  if replica is None:
+    raise errors.ContextError(
+        'apply_gradients_across_replicas must be called in a replica context '
+        '(inside call_for_each_replica), not in a cross-replica context. In '
+        'cross-replica context call optimizer.apply_gradients on reduced '
+        'gradients instead.')
+  grads_and_vars = [tuple(pair) for pair in grads_and_vars]
+  raws = _ReplicaRawGradients(
+      [replica._raw_gradient(g) for g, _ in grads_and_vars])  # pylint: disable=protected-access
+  # The optimizer travels in the merge function, not its arguments: replicas
+  # may each have built their own optimizer object (e.g. a model_fn called
+  # per replica); the first replica's one applies the update, as in TF.
+  return replica.merge_call(
+      functools.partial(_apply_merged, optimizer=optimizer),
+      args=(grads_and_vars, global_step, name, raws))
+
+
+class _ReplicaRawGradients(object):
+  """One replica's `RawGradient`s (or None), by position of its gradients.
+
+  A plain object, so that `merge_call` hands it over whole, one per replica.
+  """
+
+  def __init__(self, raws):
+    self.raws = raws
+
+
+def _fused_sums(strategy, grads_and_vars, raws):
+  """Sums over replicas computed as one `MatMul` of the replicas' inputs.
+
+  Where every replica's gradient of a variable is a large `MatMul` weight
+  gradient recorded by `TowerOptimizer`, and the replicas and the variable
+  are CPU devices of one task, the sum is one product of the replicas'
+  inputs concatenated (as `replicate_model_fn` sums its CPU towers'), placed
+  on the variable's primary device and copied to the others. Only with the
+  strategy's default cross-tower ops: a `cross_tower_ops` given to the
+  strategy reduces every gradient.
+
+  Returns:
+    A dict from positions in `grads_and_vars` to the `Mirrored` sums.
+  """
+  if (not isinstance(raws, values_lib.PerReplica) or
+      not strategy.extended._fuses_matmul_gradients):  # pylint: disable=protected-access
+    return {}
+  devices = strategy.extended.worker_devices
+  per_replica = [raws.get(device).raws for device in devices]
+  fused = {}
+  for index, (grad, var) in enumerate(grads_and_vars):
+    if not isinstance(grad, values_lib.PerReplica):
+      continue
+    grads = [grad.get(device) for device in devices]
+    raw_gradients = {}
+    for replica_grad, replica_raws in zip(grads, per_replica):
+      if replica_raws[index] is not None:
+        raw_gradients[replica_grad.name] = replica_raws[index]
+    if len(raw_gradients) != len(devices):
+      continue
+    total = gradient_aggregation.fused_matmul_sum(grads, var.devices[0],
+                                                  raw_gradients)
+    if total is not None:
+      fused[index] = cross_tower_base.mirror(total, var.devices)
+  return fused
+
+
+def _apply_merged(strategy, grads_and_vars, global_step, name, raws,
+                  optimizer):
+  pairs = [(g, v) for g, v in grads_and_vars if g is not None]
+  if not pairs:
+    raise errors.InvalidArgumentError(
+        'No gradients were given for any of the variables {}; check that the '
+        'loss depends on them.'.format([v.name for _, v in grads_and_vars]))
+  for _, v in pairs:
+    if not (isinstance(v, MirroredVariable) and v.strategy is strategy):
+      raise errors.InvalidArgumentError(
+          'Variable {!r} is not a mirrored variable of the current strategy; '
+          'create the model variables inside strategy.scope() (or inside '
+          'call_for_each_replica).'.format(v))
+  fused = _fused_sums(strategy, grads_and_vars, raws)
+  rest = [(g, v) for index, (g, v) in enumerate(grads_and_vars)
+          if g is not None and index not in fused]
+  reduced_rest = iter(strategy.extended.batch_reduce_to(ReduceOp.SUM, rest)
+                      if rest else [])
+  per_copy = []
+  for index, (g, v) in enumerate(grads_and_vars):
+    if g is None:
+      continue
+    reduced = fused[index] if index in fused else next(reduced_rest)
+    for device, copy in zip(v.devices, v.values):
+      per_copy.append((reduced.get(device), copy))
+  with distribute_context.unmirrored_variables():
+    apply_op = optimizer.apply_gradients(
+        per_copy, name=name if global_step is None else None)
+  strategy.extended._mirror_slots(optimizer, [v for _, v in pairs])  # pylint: disable=protected-access
+  if global_step is None:
+    return apply_op
+  with tf.control_dependencies([apply_op]):
+    if isinstance(global_step, MirroredVariable):
+      increment = strategy.extended.update(
+          global_step, lambda copy: copy.assign_add(1, read_value=False))
+      return tf.group(increment, name=name) if name else increment
+    with tf1.get_default_graph().colocate_with(global_step):
+      return global_step.assign_add(1, name=name, read_value=False)

@@ -1,0 +1,488 @@
+"""`MirroredStrategy`: synchronous data parallelism over the local devices.
+
+Every variable created in the strategy's scope is mirrored (one copy per
+device). `call_for_each_replica` builds the replica function once per device
+(see `mirrored_run`); `reduce_to` / `batch_reduce_to` combine per-replica
+values through a `CrossTowerOps` (by default `choose_the_best(devices)`).
+
+Loss rule (as in TF 1.14): each replica scales its loss to the *global*
+batch (e.g. divides its summed loss by the global batch size); gradients are
+then summed across replicas, never averaged a second time.
+
+Optimizers: inside a replica, wrap the optimizer in `replicate.TowerOptimizer`
+(or call `mirrored_gradients.apply_gradients_across_replicas`); it sums
+gradients across
+replicas and updates every copy. A bare `tf.compat.v1` optimizer would update
+only the replica's own copy, so building such an update raises.
+
+Variables created with `synchronization=ON_READ` (batch normalization's
+moving statistics) are `SyncOnReadVariable`s: a replica reads and writes its
+own copy, a cross-replica read combines the copies by their `aggregation`
+(sync_on_read.py). A mirrored variable assigned inside a replica is updated
+on every copy, in a `merge_call`, with the replicas' values combined by its
+`aggregation` (SUM, MEAN or ONLY_FIRST_REPLICA; NONE is refused, as in TF).
+
+Replicas on CPU devices build the input gradient of a `MatMul` with a large
+weight transpose-free, as `replicate_model_fn`'s CPU towers do
+(matmul_gradient.py); with `TowerOptimizer` and the default cross-tower ops,
+a large `MatMul` weight gradient of CPU replicas is summed as one product of
+the replicas' inputs (gradient_aggregation.fused_matmul_sum). Both equal
+TF's within float rounding.
+
+Limits: graph mode only (TF 1.x graphs, or `tf.Graph().as_default()` on TF
+2.x); `tf.compat.v1.metrics` combine their ON_READ variables through
+`tf.distribute`'s own replica context, so their variables stay mirrored and
+metrics are built outside the replicas; `synchronization=NONE` is an error,
+as in TF. As in TF, the merge function of a `merge_call` builds its ops
+under every replica's open control dependencies.
+"""
+import functools
+import weakref
+
+import six
+import tensorflow as tf
+
+from replicate.cross_tower import cross_tower_base
+from replicate.cross_tower import all_reduce_ops
+from replicate.core import device_util
+from replicate.strategy import default_strategy
+from replicate.strategy import distribute_context
+from replicate import errors
+from replicate.strategy import input_lib
+from replicate.strategy import mirrored_run
+from replicate.strategy import strategy_base
+from replicate.strategy import strategy_extended
+from replicate.cross_tower import values as values_lib
+from replicate import _compat
+from replicate._compat import tf1
+from replicate.strategy.mirrored_values import MirroredVariable
+from replicate.strategy.sync_on_read import SyncOnReadVariable
+from replicate.core.reduce_util import ReduceOp
+
+
+# Collections variables may add themselves to, whatever they were asked.
+_VARIABLE_COLLECTIONS = (tf1.GraphKeys.GLOBAL_VARIABLES,
+                         tf1.GraphKeys.TRAINABLE_VARIABLES,
+                         tf1.GraphKeys.LOCAL_VARIABLES,
+                         tf1.GraphKeys.MODEL_VARIABLES)
+
+
+def _default_devices():
+  return _compat.local_gpu_devices() or ['/device:CPU:0']
+
+
+def _check_devices(devices):
+  if isinstance(devices, six.string_types) or not isinstance(
+      devices, (list, tuple)):
+    raise errors.InvalidTypeError(
+        'devices must be a list of device strings, got {!r}.'.format(devices))
+  if not devices:
+    raise errors.InvalidArgumentError(
+        'devices is empty; pass at least one device, or None for all local '
+        'GPUs (else the CPU).')
+  canonical = device_util.canonicalize_all(devices)
+  if len(set(canonical)) != len(canonical):
+    raise errors.InvalidArgumentError(
+        'devices {} name the same device more than once; give each device '
+        'once.'.format(list(devices)))
+  return canonical
+
+
+class MirroredExtended(strategy_extended.StrategyExtended):
+  """The device-level half of `MirroredStrategy`."""
+
+  # Bookkeeping of variables made in one graph; a deep copy starts empty.
+  _NOT_DEEPCOPIED = ('_containers', '_plain_variables')
+
+  def __init__(self, container_strategy, devices, cross_tower_ops):
+    super(MirroredExtended, self).__init__(container_strategy)
+    self._devices = devices
+    self._given_cross_tower_ops = cross_tower_ops
+    self._chosen_cross_tower_ops = None
+    self._session_config = None
+    # id(copy) -> its MirroredVariable. An entry goes when its container
+    # does; the container holds its copies, so an id is never stale.
+    self._containers = weakref.WeakValueDictionary()
+    # id(variable) -> variable, for plain variables created in scope.
+    self._plain_variables = weakref.WeakValueDictionary()
+
+  # Variables.
+
+  def _scope_extras(self):
+    return tf1.variable_creator_scope(self._make_creator(None))
+
+  def _make_creator(self, run):
+    def creator(next_creator, **kwargs):
+      return self._create_variable(run, next_creator, kwargs)
+    return creator
+
+  def _create_variable(self, run, next_creator, kwargs):
+    """Creates a mirrored variable, or a plain one where mirroring is wrong."""
+    update_device = distribute_context.get_update_device()
+    if (distribute_context.creating_unmirrored_variables() or
+        update_device is not None):
+      # Optimizer slots and the like: one variable, next to what is updated.
+      variable = next_creator(**kwargs)
+      self._plain_variables[id(variable)] = variable
+      return variable
+    replica = default_strategy.get_replica_context()
+    name = kwargs.get('name')
+    if run is not None and replica is not None and (
+        replica.replica_id_in_sync_group > 0):
+      return self._shared_variable(run, replica.replica_id_in_sync_group, name)
+    variable = self._create_mirrored(next_creator, kwargs)
+    if run is not None:
+      run.created.setdefault(name, []).append(variable)
+    return variable
+
+  def _shared_variable(self, run, replica_id, name):
+    """Replica `replica_id`'s request for the next variable named `name`."""
+    taken = run.taken
+    key = (replica_id, name)
+    index = taken.get(key, 0)
+    created = run.created.get(name, [])
+    if index >= len(created):
+      raise errors.ContextError(
+          'Replica {} created variable {!r} (number {} of that name) but '
+          'replica 0 created only {}. Every replica must create the same '
+          'variables in the same order.'.format(replica_id, name, index + 1,
+                                                len(created)))
+    taken[key] = index + 1
+    return created[index]
+
+  def _create_mirrored(self, next_creator, kwargs):
+    if kwargs.get('synchronization') == tf.VariableSynchronization.NONE:
+      raise errors.InvalidArgumentError(
+          'MirroredStrategy cannot mirror variable {!r} created with '
+          'synchronization=tf.VariableSynchronization.NONE: its copies would '
+          'never be kept equal. Use AUTO (the default) or ON_WRITE, or create '
+          'it outside the strategy\'s scope.'.format(kwargs.get('name')))
+    kwargs = dict(kwargs)
+    collections = kwargs.get('collections')
+    collections = list(collections) if collections is not None else [
+        tf1.GraphKeys.GLOBAL_VARIABLES]
+    trainable = kwargs.get('trainable')
+    if trainable is None:
+      trainable = (kwargs.get('synchronization') !=
+                   tf.VariableSynchronization.ON_READ)
+    if trainable and tf1.GraphKeys.TRAINABLE_VARIABLES not in collections:
+      collections.append(tf1.GraphKeys.TRAINABLE_VARIABLES)
+    # Copies are resource variables (so a replica's gradient flows to its
+    # copy's handle) and are kept out of collections: the MirroredVariable
+    # goes there instead.
+    kwargs['collections'] = []
+    kwargs['use_resource'] = True
+    index = {}
+    primary = None
+    with tf1.get_default_graph().colocate_with(None, ignore_existing=True):
+      for i, device in enumerate(self._devices):
+        with tf.device(device):
+          if primary is None:
+            primary = next_creator(**kwargs)
+            index[device] = primary
+            continue
+          copy_kwargs = dict(kwargs)
+          copy_kwargs['name'] = '{}/replica_{}/'.format(primary.op.name, i)
+          copy_kwargs['initial_value'] = _initial_value_of(primary)
+          index[device] = next_creator(**copy_kwargs)
+    make = None
+    if kwargs.get('synchronization') == tf.VariableSynchronization.ON_READ:
+      if tf1.GraphKeys.METRIC_VARIABLES in collections:
+        # tf.compat.v1.metrics: mirrored, updated outside the replicas only
+        # (sync_on_read.py says why).
+        make = functools.partial(MirroredVariable, assign_in_replica=False)
+      else:
+        make = functools.partial(
+            SyncOnReadVariable,
+            aggregation=kwargs.get('aggregation') or
+            tf.VariableAggregation.NONE)
+    return self._mirror(index, collections, make)
+
+  def _mirror(self, index, collections, make=None):
+    """Makes copies (one per device) one `MirroredVariable`.
+
+    Args:
+      index: {device: copy}, a copy on every device of the strategy.
+      collections: the collections the `MirroredVariable` joins; the copies
+        leave every variable collection.
+      make: `(strategy, index) -> MirroredVariable` (or a subclass); None
+        for `MirroredVariable`.
+
+    Returns:
+      The `MirroredVariable`.
+    """
+    mirrored = (make or MirroredVariable)(self._container_strategy(), index)
+    copy_ids = set(id(copy) for copy in mirrored.values)
+    for copy in mirrored.values:
+      self._containers[id(copy)] = mirrored
+    # A trainable resource variable adds itself to TRAINABLE_VARIABLES even
+    # with collections=[], and a TF 2 `tf.Variable` ignores `collections`
+    # (joining GLOBAL_VARIABLES too); take the copies out again.
+    for key in set(collections) | set(_VARIABLE_COLLECTIONS):
+      members = tf1.get_collection_ref(key)
+      members[:] = [v for v in members if id(v) not in copy_ids]
+    tf1.add_to_collections(collections, mirrored)
+    return mirrored
+
+  def _mirror_slots(self, optimizer, variables):
+    """Groups the per-copy slots `optimizer` made for `variables`.
+
+    `apply_gradients_across_replicas` updates each copy of a mirrored
+    variable on its own, so the optimizer makes each slot once per copy
+    (`w/Momentum`, `w/replica_1/Momentum`, ...). Grouped as a
+    `MirroredVariable`, a slot is one variable in `GLOBAL_VARIABLES` and one
+    checkpoint key (the primary copy's slot, named as one device names it),
+    and a restore sets every copy: checkpoints move between mirrored and
+    unreplicated models, and between numbers of devices.
+
+    Args:
+      optimizer: the `tf.compat.v1.train.Optimizer` that updated the copies.
+      variables: the `MirroredVariable`s it updated.
+    """
+    get_slot_names = getattr(optimizer, 'get_slot_names', None)
+    get_slot = getattr(optimizer, 'get_slot', None)
+    if get_slot_names is None or get_slot is None:
+      return
+    for slot_name in get_slot_names():
+      for variable in variables:
+        slots = [get_slot(copy, slot_name) for copy in variable.values]
+        if any(slot is None for slot in slots) or id(slots[0]) in (
+            self._containers):
+          continue
+        self._mirror(dict(zip(variable.devices, slots)),
+                     [tf1.GraphKeys.GLOBAL_VARIABLES])
+
+  def _colocate_vars_with(self, colocate_with_variable):
+    if isinstance(colocate_with_variable, MirroredVariable):
+      return strategy_extended.null_context()
+
+    def creator(next_creator, **kwargs):
+      with distribute_context.unmirrored_variables(), \
+          tf1.get_default_graph().colocate_with(colocate_with_variable):
+        return next_creator(**kwargs)
+    return tf1.variable_creator_scope(creator)
+
+  def _variable_created_in_scope(self, v):
+    if isinstance(v, MirroredVariable):
+      return v.strategy is self._container_strategy()
+    return self._plain_variables.get(id(v)) is v
+
+  def _value_container(self, value):
+    return self._containers.get(id(value), value)
+
+  def _read_var(self, v):
+    if isinstance(v, SyncOnReadVariable):
+      return v.read_value()  # Cross-replica: the copies combined.
+    if isinstance(v, MirroredVariable):
+      return tf.identity(v.primary)
+    return tf.identity(v)
+
+  # Replicas.
+
+  @property
+  def _num_replicas_in_sync(self):
+    return len(self._devices)
+
+  def _call_for_each_replica(self, fn, args, kwargs):
+    return mirrored_run.call_for_each_replica(
+        self._container_strategy(), self._devices, fn, args, kwargs,
+        self._make_creator, keep=(MirroredVariable,))
+
+  # Reductions.
+
+  @property
+  def _fuses_matmul_gradients(self):
+    """Whether `TowerOptimizer` updates may fuse `MatMul` weight gradients.
+
+    True with the default cross-tower ops (a `cross_tower_ops` given to the
+    strategy reduces every gradient); `apply_gradients_across_replicas`
+    fuses only where replicas and variables are CPUs of one task.
+    """
+    return self._given_cross_tower_ops is None
+
+  @property
+  def _cross_tower_ops(self):
+    if self._given_cross_tower_ops is not None:
+      return self._given_cross_tower_ops
+    if self._chosen_cross_tower_ops is None:
+      self._chosen_cross_tower_ops = all_reduce_ops.choose_the_best(
+          list(self._devices), session_config=self._session_config)
+    return self._chosen_cross_tower_ops
+
+  def _destinations(self, destinations):
+    if isinstance(destinations, MirroredVariable):
+      return list(destinations.devices)
+    return destinations
+
+  def _reduce_to(self, reduce_op, value, destinations):
+    destinations = self._destinations(destinations)
+    if not isinstance(value, values_lib.DistributedValues):
+      if reduce_op == ReduceOp.SUM and len(self._devices) > 1:
+        raise errors.InvalidArgumentError(
+            'Cannot SUM the single value {!r} over {} replicas: it is not '
+            'per-replica, so its replicas are unknown. Reduce a per-replica '
+            'value (e.g. from call_for_each_replica), or use MEAN.'.format(
+                value, len(self._devices)))
+      return self._cross_tower_ops.broadcast(value, destinations)
+    return self._cross_tower_ops.reduce(reduce_op, value, destinations)
+
+  def _batch_reduce_to(self, reduce_op, value_destination_pairs):
+    pairs = [(v, self._destinations(d)) for v, d in value_destination_pairs]
+    if all(isinstance(v, values_lib.DistributedValues) for v, _ in pairs):
+      return self._cross_tower_ops.batch_reduce(reduce_op, pairs)
+    return [self._reduce_to(reduce_op, v, d) for v, d in pairs]
+
+  def _reduce(self, reduce_op, value):
+    if not isinstance(value, values_lib.DistributedValues) and (
+        reduce_op == ReduceOp.MEAN or len(self._devices) == 1):
+      return value
+    host = device_util.canonicalize('/device:CPU:0')
+    return self._reduce_to(reduce_op, value, host).get(host)
+
+  def _broadcast_to(self, tensor, destinations):
+    return self._cross_tower_ops.broadcast(tensor,
+                                           self._destinations(destinations))
+
+  # Updates.
+
+  def _update(self, var, fn, args, kwargs, group):
+    if isinstance(var, MirroredVariable):
+      if var.strategy is not self._container_strategy():
+        raise errors.InvalidArgumentError(
+            'update got {!r}, a variable of another strategy; update it with '
+            'its own strategy.'.format(var))
+      pairs = list(zip(var.devices, var.values))
+    elif isinstance(var, tf.Variable):
+      device = device_util.resolve(var.device) or self._devices[0]
+      pairs = [(device, var)]
+    else:
+      raise errors.InvalidTypeError(
+          'update needs a variable, got {!r} of type {}.'.format(
+              var, type(var).__name__))
+    results = []
+    for i, (device, copy) in enumerate(pairs):
+      with tf.device(device), distribute_context.UpdateContext(device), \
+          tf1.name_scope('update_{}'.format(i)):
+        results.append(fn(copy, *self._select(device, args),
+                          **self._select(device, kwargs)))
+    return _regroup_updates(results, [device for device, _ in pairs], group)
+
+  def _non_slot_devices(self, var_list):
+    del var_list  # Every device holds a copy of every non-slot variable.
+    return self._devices
+
+  def _update_non_slot(self, colocate_with, fn, args, kwargs, group):
+    results = []
+    for i, device in enumerate(colocate_with):
+      with tf.device(device), distribute_context.UpdateContext(device), \
+          tf1.name_scope('update_{}'.format(i)):
+        results.append(fn(*self._select(device, args),
+                          **self._select(device, kwargs)))
+    return _regroup_updates(results, list(colocate_with), group)
+
+  def _select(self, device, structure):
+    return mirrored_run.select_replica(device, structure)
+
+  # Devices and input.
+
+  def _worker_devices(self):
+    return self._devices
+
+  def _parameter_devices(self):
+    return self._devices
+
+  def _local_results(self, value):
+    if isinstance(value, values_lib.DistributedValues):
+      return value.values
+    return (value,)
+
+  def _configure(self, session_config, cluster_spec, task_type, task_id):
+    super(MirroredExtended, self)._configure(session_config, cluster_spec,
+                                             task_type, task_id)
+    if session_config is not None:
+      self._session_config = session_config
+      self._chosen_cross_tower_ops = None
+
+  def _make_dataset_iterator(self, dataset, one_shot=False):
+    return input_lib.DatasetIterator(dataset, devices=self._devices,
+                                     one_shot=one_shot)
+
+  def _make_input_fn_iterator(self, input_fn):
+    return input_lib.InputFunctionIterator(input_fn, devices=self._devices)
+
+
+def _initial_value_of(primary):
+  def initial_value():
+    return tf.identity(primary.initial_value)
+  return initial_value
+
+
+def _regroup_updates(results, devices, group):
+  """Per leaf of the update results, as TF's MirroredStrategy returns them.
+
+  Args:
+    results: what the update function returned, per device.
+    devices: the devices, in the order of `results`.
+    group: False for the tuple of results per leaf. True for one op running
+      every device's update where the results are ops, and where they are
+      tensors (e.g. what `assign(..., read_value=True)` returns) a
+      `Mirrored` of their values, each read once every device's update ran.
+
+  Returns:
+    The nest of `results[0]`, with a leaf as described for `group`.
+  """
+  flats = [tf.nest.flatten(r) for r in results]
+  leaves = []
+  for column in zip(*flats):
+    present = [(d, c) for d, c in zip(devices, column) if c is not None]
+    if not present:
+      leaves.append(None)
+    elif not group:
+      leaves.append(tuple(column))
+    elif all(tf.is_tensor(c) for _, c in present):
+      every_update = tf.group(*[c for _, c in present])
+      values = {}
+      for device, value in present:
+        with tf.device(device), tf.control_dependencies([every_update]):
+          values[device] = tf.identity(value)
+      leaves.append(values_lib.Mirrored(values))
+    else:
+      leaves.append(tf.group(*[c for _, c in present]))
+  return tf.nest.pack_sequence_as(results[0], leaves)
+
+
+class MirroredStrategy(strategy_base.Strategy):
+  """Synchronous training with one replica and one variable copy per device.
+
+  Example:
+
+      strategy = replicate.MirroredStrategy(['/cpu:0', '/cpu:1'])
+      with strategy.scope():
+        w = tf.compat.v1.get_variable('w', ...)      # mirrored
+        train_op = strategy.group(strategy.experimental_run(step, iterator))
+  """
+
+  def __init__(self, devices=None, cross_tower_ops=None):
+    """Builds the strategy.
+
+    Args:
+      devices: the local devices, one replica each; None for all local GPUs,
+        else the CPU.
+      cross_tower_ops: the `CrossTowerOps` combining replicas' values; None
+        for `cross_tower_ops.choose_the_best(devices)`.
+
+    Raises:
+      InvalidTypeError: if `devices` is not a list of strings, or
+        `cross_tower_ops` is not a `CrossTowerOps`.
+      InvalidArgumentError: if `devices` is empty or repeats a device.
+    """
+    devices = _check_devices(_default_devices() if devices is None
+                             else devices)
+    if cross_tower_ops is not None and not isinstance(
+        cross_tower_ops, cross_tower_base.CrossTowerOps):
+      raise errors.InvalidTypeError(
+          'cross_tower_ops must be a replicate.cross_tower_ops.CrossTowerOps '
+          '(e.g. ReductionToOneDeviceCrossTowerOps()), got {!r}.'.format(
+              cross_tower_ops))
+    super(MirroredStrategy, self).__init__(
+        MirroredExtended(self, devices, cross_tower_ops))
