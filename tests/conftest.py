@@ -1,7 +1,12 @@
 """Test configuration shared by the whole suite."""
 import os
+import sys
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+# The suite's shared helpers (model_testing, ctops_testlib) sit beside this
+# file; the tests are grouped in folders that mirror the package.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def pytest_collection_modifyitems(items):

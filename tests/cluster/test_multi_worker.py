@@ -30,7 +30,8 @@ import replicate
 from replicate.cluster import cluster_check
 from replicate._compat import tf1
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 _OP_TIMEOUT_MS = 10000
 _THREAD_TIMEOUT_SECS = 90
 _LR = 0.1
