@@ -18,6 +18,14 @@ class InvalidTypeError(Error, TypeError):
   """An argument has a type `replicate` cannot use."""
 
 
+class InvalidArgumentTypeError(InvalidArgumentError, InvalidTypeError):
+  """A wrong type where the contrib / tf.distribute original raises ValueError.
+
+  Both a ValueError and a TypeError, so that code catching either keeps
+  working.
+  """
+
+
 class ContextError(Error, RuntimeError):
   """A method was called in a context (replica, cross-replica, scope) where it is not allowed."""
 

@@ -195,7 +195,7 @@ class CrossTowerOps(object):
     """
     reduce_op = reduce_util.as_reduce_op(aggregation)
     if not isinstance(value_destination_pairs, (list, tuple)):
-      raise errors.InvalidTypeError(
+      raise errors.InvalidArgumentTypeError(
           'value_destination_pairs must be a list of (per_device_value, '
           'destinations) pairs, got {!r} of type {}.'.format(
               value_destination_pairs, type(value_destination_pairs).__name__))
@@ -206,7 +206,7 @@ class CrossTowerOps(object):
     pairs = []
     for pair in value_destination_pairs:
       if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-        raise errors.InvalidTypeError(
+        raise errors.InvalidArgumentTypeError(
             'Each item of value_destination_pairs must be a '
             '(per_device_value, destinations) pair, got {!r}.'.format(pair))
       pairs.append((_checked_value(reduce_op, pair[0]),

@@ -251,7 +251,7 @@ def get_devices_from(destinations):
     result = []
     for d in destinations:
       if not isinstance(d, six.string_types):
-        raise errors.InvalidTypeError(
+        raise errors.InvalidArgumentTypeError(
             'A list of destinations must hold device strings, got {!r} of '
             'type {}.'.format(d, type(d).__name__))
       d = device_util.canonicalize(d)
@@ -262,7 +262,7 @@ def get_devices_from(destinations):
     return (_device_of_graph_object(destinations, 'variable'),)
   if isinstance(destinations, (tf.Tensor, tf.IndexedSlices)):
     return (_device_of_graph_object(destinations, 'tensor'),)
-  raise errors.InvalidTypeError(
+  raise errors.InvalidArgumentTypeError(
       'destinations must be a device string, a list of them, a '
       'PerDevice/Mirrored value, a variable or a placed tensor; got {!r} of '
       'type {}.'.format(destinations, type(destinations).__name__))
@@ -288,7 +288,7 @@ def as_per_device(value):
   if isinstance(value, (tf.Tensor, tf.IndexedSlices, tf.Variable)):
     device = _device_of_graph_object(value, 'value')
     return PerDevice({device: value})
-  raise errors.InvalidTypeError(
+  raise errors.InvalidArgumentTypeError(
       'Expected a PerDevice/Mirrored value, or a tensor placed on a device, '
       'got {!r} of type {}.'.format(value, type(value).__name__))
 
