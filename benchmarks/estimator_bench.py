@@ -233,7 +233,7 @@ def _make_hook(tf, trace_steps):
 
 
 def _apply_aggregation_variant(variant):
-  """Patches replicate's aggregation settings for an A/B experiment.
+  """Sets replicate's Tuning (or the towers' gating) for an A/B experiment.
 
   Variants: `pack=<bytes>` sets the packing threshold (`pack=0`: one add_n
   per variable, the behaviour before packing); `group=<n>` the largest pack
@@ -244,31 +244,27 @@ def _apply_aggregation_variant(variant):
   `MatMul` input gradient by TF's formula (no CPU rewrite of
   matmul_gradient.py).
   """
-  from replicate.gradients import gradient_aggregation  # pylint: disable=g-import-not-at-top
+  import replicate  # pylint: disable=g-import-not-at-top
+  from replicate.core import tuning  # pylint: disable=g-import-not-at-top
   name, _, value = variant.partition('=')
-  if name == 'pack':
-    gradient_aggregation.PACK_MAX_BYTES = int(value)
-  elif name == 'group':
-    gradient_aggregation.PACK_MAX_GROUP = int(value)
-  elif name == 'small':
-    # `small=0`: every pack holds at most PACK_MAX_GROUP variables, however
-    # small (the behaviour before PACK_SMALL_BYTES).
-    gradient_aggregation.PACK_SMALL_BYTES = int(value)
-  elif name == 'fuse':
-    # `fuse=off`: sum MatMul gradients per tower (no fused product);
-    # `fuse=<bytes>`: the smallest fused gradient.
-    gradient_aggregation.FUSE_MIN_BYTES = (
-        sys.maxsize if value == 'off' else int(value))
+  fields = {
+      'pack': ('pack_max_bytes', int),
+      'group': ('pack_max_group', int),
+      # `small=0`: every pack holds at most `pack_max_group` variables.
+      'small': ('pack_small_bytes', int),
+      # `fuse=off`: MatMul gradients summed per tower (no fused product).
+      'fuse': ('fuse_min_bytes', lambda v: None if v == 'off' else int(v)),
+  }
+  if name in fields:
+    field, parse = fields[name]
+    tuning.set_tuning(tuning.get_tuning().replace(**{field: parse(value)}))
   elif name == 'matmul' and value == 'tf':
-    from replicate.gradients import matmul_gradient  # pylint: disable=g-import-not-at-top
-    matmul_gradient.MIN_ELEMENTS = sys.maxsize
+    tuning.set_tuning(tuning.get_tuning().replace(matmul_min_elements=None))
   elif name == 'copy' and value == 'concat':
-    from replicate.core import packing  # pylint: disable=g-import-not-at-top
-    packing.STITCH_ON_CPUS = False
+    tuning.set_tuning(tuning.get_tuning().replace(stitch_on_cpus=False))
   elif name == 'gate' and value == 'none':
     # Towers compute gradients with gate_gradients=GATE_NONE (same values;
     # no tuple/identity gating ops per gradient op).
-    import replicate  # pylint: disable=g-import-not-at-top
     original = replicate.TowerOptimizer.compute_gradients
 
     def compute_gradients(self, loss, var_list=None, **kwargs):

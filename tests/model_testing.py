@@ -121,7 +121,7 @@ def cpus(n):
 def is_pack(op):
   """Whether `op` can be a pack made by `packing.concat_rows`.
 
-  On CPU devices a pack below `packing.ONE_THREAD_BYTES` is a `ConcatV2`, a
+  On CPU devices a pack below `Tuning.one_thread_bytes` is a `ConcatV2`, a
   larger one a `DynamicStitch`.
   """
   return op.type in ('ConcatV2', 'DynamicStitch')

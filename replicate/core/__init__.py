@@ -2,7 +2,9 @@
 
 Holds device strings (`device_util`: the one parser and canonical form),
 packing of same-shaped tensors into one (`packing`), the reduce-op enum
-(`reduce_util`) and argument checks (`checks`).
+(`reduce_util`), argument checks (`checks`) and the performance knobs
+(`tuning`: one immutable `Tuning`, changed only through `set_tuning` or
+`tuning_scope`).
 
 May import: `replicate.errors`, `replicate._compat` and nothing else of
 `replicate`.

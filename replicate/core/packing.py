@@ -15,19 +15,8 @@ import numpy as np
 import tensorflow as tf
 
 from replicate.core import device_util
+from replicate.core import tuning as tuning_lib
 from replicate import errors
-
-# Packs on CPU devices are copied by one thread (`concat_rows`); False gives
-# every pack TF's `ConcatV2` (the behaviour before; for A/B measurements).
-STITCH_ON_CPUS = True
-
-# TF's CPU kernels run a copy or a sum on the calling thread while Eigen's
-# cost model deems it small, and split larger ones over the intra-op thread
-# pool. Measured with TF 1.15 and 2.15 (`ConcatV2`: 204800 bytes on one
-# thread, 212992 on two; `AddN` of 4 inputs of 200 KB on one, 224 KB on
-# two; of 8 inputs: 96 KB on one, 128 KB on two): `ConcatV2` below this
-# size, and `AddN` of up to 4 inputs below it, stay on one thread.
-ONE_THREAD_BYTES = 200 * 1024
 
 _Group = collections.namedtuple('_Group', ['positions', 'shapes', 'sizes'])
 _PackInfo = collections.namedtuple('_PackInfo', ['device_vars', 'plan'])
@@ -125,7 +114,7 @@ def one_thread_pack_bytes(sources, devices=()):
   every core busy that hand-off only adds futex waits and preemptions (deep
   model, 4 CPU towers on 2 cores, packs of 16 kernels of 16 KB: 25/9
   context switches per step; packs below this size: 11/2). The cost of a
-  sum grows with its inputs, so this is `ONE_THREAD_BYTES` for up to 4
+  sum grows with its inputs, so this is `Tuning.one_thread_bytes` for up to 4
   sources and proportionally less beyond.
 
   Args:
@@ -138,13 +127,14 @@ def one_thread_pack_bytes(sources, devices=()):
   if not sources or not all(
       device_util.is_cpu(device) for device in list(sources) + list(devices)):
     return None
-  return ONE_THREAD_BYTES * min(4, len(sources)) // len(sources)
+  return (tuning_lib.get_tuning().one_thread_bytes * min(4, len(sources)) //
+          len(sources))
 
 
 def concat_rows(tensors, device, name='packed'):
   """`tf.concat(tensors, axis=0)` on `device`, copied by one thread on CPUs.
 
-  TF's `ConcatV2` CPU kernel splits a copy of `ONE_THREAD_BYTES` or more
+  TF's `ConcatV2` CPU kernel splits a copy of `Tuning.one_thread_bytes` or more
   over the intra-op thread pool: it wakes a helper thread and waits for it.
   Between towers that already keep every core busy that hand-off buys
   nothing and costs a futex wake, a wait and often a preemption per pack
@@ -155,8 +145,8 @@ def concat_rows(tensors, device, name='packed'):
   `DynamicStitch`, whose CPU kernel copies on the calling thread; its
   indices are one constant `range` split per value, which Grappler folds.
   Smaller packs, other devices, a single tensor, packs of 2**31 rows or
-  more (beyond int32 indices), and every pack while `STITCH_ON_CPUS` is
-  False get `tf.concat`.
+  more (beyond int32 indices), and every pack while
+  `Tuning.stitch_on_cpus` is False get `tf.concat`.
 
   Args:
     tensors: a non-empty list of dense tensors of one dtype and one fully
@@ -186,10 +176,11 @@ def concat_rows(tensors, device, name='packed'):
   sizes = [tensor.shape.as_list()[0] for tensor in tensors]
   total = sum(sizes)
   row_bytes = trailing.num_elements() * tensors[0].dtype.size
+  tuning = tuning_lib.get_tuning()
   with tf.device(device):
-    if (not STITCH_ON_CPUS or len(tensors) < 2 or
+    if (not tuning.stitch_on_cpus or len(tensors) < 2 or
         not device_util.is_cpu(device) or total > np.iinfo(np.int32).max or
-        total * row_bytes < ONE_THREAD_BYTES):
+        total * row_bytes < tuning.one_thread_bytes):
       return tf.concat(tensors, axis=0, name=name)
     rows = tf.constant(np.arange(total, dtype=np.int32), name=name + '_rows')
     packed = tf.dynamic_stitch(tf.split(rows, sizes, axis=0), tensors,

@@ -6,8 +6,9 @@ of a 100-layer model on 4 devices, 200 sums, ~600 transfers in and ~800
 copies out per step. Here the small dense values of a `batch_reduce` that
 share their devices, their destinations, their dtype and their shape after
 dimension 0 are reduced together: every device concatenates its values of a
-group (each of at most `PACK_MAX_BYTES`; at most `PACK_MAX_GROUP` values
-to a pack unless it stays within `PACK_SMALL_BYTES`),
+group (each of at most `Tuning.pack_max_bytes`; at most
+`Tuning.pack_max_group` values to a pack unless it stays within
+`Tuning.pack_small_bytes`),
 the concatenations are summed once on the reduction device, and every
 destination splits the sum back along dimension 0 (the split aliases the
 buffer, nothing is copied). Element by element the sums are the same
@@ -23,18 +24,9 @@ import collections
 import tensorflow as tf
 
 from replicate.core import packing
+from replicate.core import tuning as tuning_lib
 from replicate.cross_tower import values as values_lib
 
-# The largest value packed, and the most values per pack; 0 bytes turns
-# packing off. (The same trade-off as gradient_aggregation's packs: a large
-# tensor costs more to copy into a pack than its own transfers cost, and a
-# small pack is ready, and what waits for it runs, before the whole batch.)
-PACK_MAX_BYTES = 256 * 1024
-PACK_MAX_GROUP = 16
-# A pack of at most this many bytes (per device) takes any number of values:
-# tiny values cost less to copy than another pack's ops (packing.pack_chunks).
-# On CPU devices a pack also stays below `packing.one_thread_pack_bytes`.
-PACK_SMALL_BYTES = 64 * 1024
 
 
 def batch_reduce_packed(value_destination_pairs, reduce_fn, reduce_to_device):
@@ -54,10 +46,12 @@ def batch_reduce_packed(value_destination_pairs, reduce_fn, reduce_to_device):
     reduced in a pack, None for each value left to the caller (sparse, too
     large, of unknown shape, on one device only, or alone in its group).
   """
+  tuning = tuning_lib.get_tuning()
   groups = collections.OrderedDict()
   for index, (value, destinations) in enumerate(value_destination_pairs):
     key = _group_key(value, destinations,
-                     reduce_to_device or destinations[0])
+                     reduce_to_device or destinations[0],
+                     tuning.pack_max_bytes)
     if key is not None:
       groups.setdefault(key, []).append(index)
   results = [None] * len(value_destination_pairs)
@@ -66,8 +60,8 @@ def batch_reduce_packed(value_destination_pairs, reduce_fn, reduce_to_device):
              for index in indices]
     max_bytes = packing.one_thread_pack_bytes(
         devices, list(destinations) + [device])
-    for positions in packing.pack_chunks(sizes, PACK_MAX_GROUP,
-                                         PACK_SMALL_BYTES, max_bytes):
+    for positions in packing.pack_chunks(sizes, tuning.pack_max_group,
+                                         tuning.pack_small_bytes, max_bytes):
       chunk = [indices[position] for position in positions]
       if len(chunk) < 2:
         continue
@@ -79,17 +73,17 @@ def batch_reduce_packed(value_destination_pairs, reduce_fn, reduce_to_device):
   return results
 
 
-def _group_key(value, destinations, device):
+def _group_key(value, destinations, device, max_bytes):
   """The pack group of one value, or None when it is reduced alone.
 
   Packable: on at least two devices, every entry a dense tensor of one
-  dtype and one fully known shape of rank >= 1, at most `PACK_MAX_BYTES`.
+  dtype and one fully known shape of rank >= 1, at most `max_bytes`.
   """
   tensors = value.values
   if len(tensors) < 2 or any(
       isinstance(t, tf.IndexedSlices) for t in tensors):
     return None
-  key = packing.concat_group_key(tensors[0], device, PACK_MAX_BYTES)
+  key = packing.concat_group_key(tensors[0], device, max_bytes)
   if key is None:
     return None
   first = tensors[0]

@@ -40,25 +40,9 @@ import tensorflow as tf
 from replicate.core import device_util
 from replicate.gradients import gradient_gating
 from replicate.core import packing
+from replicate.core import tuning as tuning_lib
 from replicate._compat import tf1
 
-# Gradients of at most this many bytes are packed; larger ones are summed
-# individually (a concat copies its inputs, which for multi-MB tensors costs
-# more than the per-tensor overhead it removes).
-PACK_MAX_BYTES = 256 * 1024
-# At most this many variables per pack: smaller packs are ready (and their
-# updates can run) while the towers still back-propagate through earlier
-# layers, instead of every update waiting for the whole backward pass...
-PACK_MAX_GROUP = 16
-# ...unless the pack stays within this many bytes per tower: tiny gradients
-# (biases) share one pack whatever their number, since another pack's
-# concats, transfers, sum and splits cost more than waiting for them
-# (packing.pack_chunks). On CPU devices a pack also stays below
-# `packing.one_thread_pack_bytes`, so that one thread copies and sums it.
-PACK_SMALL_BYTES = 64 * 1024
-# `MatMul` gradients of at least this many bytes are fused (see above) where
-# the devices allow it.
-FUSE_MIN_BYTES = 256 * 1024
 
 
 def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None,
@@ -72,10 +56,10 @@ def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None,
     pack_max_bytes: dense gradients of at most this many bytes, with a fully
       known static shape of rank >= 1 in every tower, are packed per tower
       (grouped by variable device, dtype and shape after dimension 0, at
-      most `PACK_MAX_GROUP` variables per pack unless the pack stays within
-      `PACK_SMALL_BYTES`, and on CPU devices below
+      most `Tuning.pack_max_group` variables per pack unless the pack stays
+      within `Tuning.pack_small_bytes`, and on CPU devices below
       `packing.one_thread_pack_bytes`) and summed with one `add_n` per
-      pack; 0 disables packing; None means `PACK_MAX_BYTES`.
+      pack; 0 disables packing; None means `Tuning.pack_max_bytes`.
     raw_gradients: optional dict from gradient tensor names (as given in
       `tower_grads_and_vars`) to the `gradient_gating.RawGradient` they gate.
       A variable whose tower gradients all map to `MatMul` outputs of at
@@ -83,7 +67,7 @@ def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None,
       fused product instead of a sum (see the module docstring). None: no
       fusion.
     fuse_min_bytes: the smallest gradient that is fused; None means
-      `FUSE_MIN_BYTES`.
+      `Tuning.fuse_min_bytes` (itself None: no fusion).
 
   Returns:
     A list of `(summed_gradient, variable)` pairs, one per variable that has
@@ -91,10 +75,11 @@ def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None,
     gradients are added with `add_n`; `IndexedSlices` stay sparse: their
     values and indices are concatenated (duplicates are summed when applied).
   """
+  tuning = tuning_lib.get_tuning()
   if pack_max_bytes is None:
-    pack_max_bytes = PACK_MAX_BYTES
+    pack_max_bytes = tuning.pack_max_bytes
   if fuse_min_bytes is None:
-    fuse_min_bytes = FUSE_MIN_BYTES
+    fuse_min_bytes = tuning.fuse_min_bytes
   grads_by_var = collections.OrderedDict()
   variables = {}
   for grads_and_vars in tower_grads_and_vars:
@@ -122,7 +107,7 @@ def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None,
     towers = [grad.device for grad in grads_by_var[group_keys[0]]]
     chunks = packing.pack_chunks(
         [packing.num_bytes(grads_by_var[key][0]) for key in group_keys],
-        PACK_MAX_GROUP, PACK_SMALL_BYTES,
+        tuning.pack_max_group, tuning.pack_small_bytes,
         packing.one_thread_pack_bytes(towers, [device]))
     for chunk in chunks:
       keys = [group_keys[index] for index in chunk]
@@ -200,13 +185,13 @@ def fused_matmul_sum(grads, device, raw_gradients, fuse_min_bytes=None):
     raw_gradients: a dict from gradient tensor names to the
       `gradient_gating.RawGradient` they gate.
     fuse_min_bytes: the smallest gradient that is fused; None means
-      `FUSE_MIN_BYTES`.
+      `Tuning.fuse_min_bytes` (itself None: no fusion).
 
   Returns:
     The summed gradient, or None where the sum is not fused.
   """
   if fuse_min_bytes is None:
-    fuse_min_bytes = FUSE_MIN_BYTES
+    fuse_min_bytes = tuning_lib.get_tuning().fuse_min_bytes
   raws = _fusable_matmul_gradients(grads, device, raw_gradients,
                                    fuse_min_bytes)
   return None if raws is None else _fused_matmul_sum(raws, device)
@@ -235,7 +220,7 @@ def _fusable_matmul_gradients(grads, device, raw_gradients, fuse_min_bytes):
   shape = first.shape
   if not shape.is_fully_defined():
     return None
-  if packing.num_bytes(first) < fuse_min_bytes:
+  if fuse_min_bytes is None or packing.num_bytes(first) < fuse_min_bytes:
     return None
   attrs = _transposes(first.op)
   for raw in raws[1:]:

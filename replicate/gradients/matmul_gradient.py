@@ -26,12 +26,10 @@ import contextlib
 import tensorflow as tf
 
 from replicate.core import device_util
+from replicate.core import tuning
 from replicate._compat import tf1
 
 GRADIENT_NAME = 'ReplicateCpuMatMul'
-# Right-hand sides of at least this many elements (256 KB of float32) get the
-# transpose-free input gradient.
-MIN_ELEMENTS = 1 << 16
 
 
 @contextlib.contextmanager
@@ -88,7 +86,8 @@ def _transpose_free(op, weight, grad):
   if not weight_shape.is_fully_defined():
     return False
   elements = weight_shape.num_elements()
-  if elements < MIN_ELEMENTS:
+  min_elements = tuning.get_tuning().matmul_min_elements
+  if min_elements is None or elements < min_elements:
     return False
   grad_shape = grad.shape
   return (not grad_shape.is_fully_defined() or

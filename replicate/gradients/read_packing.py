@@ -20,11 +20,7 @@ import collections
 
 from replicate.core import device_util
 from replicate.core import packing
-
-# Reads of at most this many bytes are packed; a larger variable is worth
-# its own transfer more than a copy into a pack.
-PACK_MAX_BYTES = 256 * 1024
-
+from replicate.core import tuning
 
 def tower_copies(reads, tower_devices, pack_max_bytes=None):
   """Packed copies of variable reads for the towers that receive them.
@@ -34,7 +30,7 @@ def tower_copies(reads, tower_devices, pack_max_bytes=None):
       runs on (the variable's).
     tower_devices: the devices of the towers reading them.
     pack_max_bytes: the largest read that is packed; None means
-      `PACK_MAX_BYTES`.
+      `Tuning.read_pack_max_bytes`.
 
   Returns:
     One dict per tower, from a read's tensor name to the tensor the tower
@@ -44,7 +40,7 @@ def tower_copies(reads, tower_devices, pack_max_bytes=None):
     device, or not on a CPU of the tower's task.
   """
   if pack_max_bytes is None:
-    pack_max_bytes = PACK_MAX_BYTES
+    pack_max_bytes = tuning.get_tuning().read_pack_max_bytes
   groups = collections.OrderedDict()
   for read, device in reads:
     if not device:

@@ -1,5 +1,4 @@
 """Tests for the packers: exact round trips, pack counts, placement, errors."""
-from unittest import mock
 
 from absl.testing import parameterized
 import numpy as np
@@ -8,6 +7,7 @@ import tensorflow as tf
 from replicate.core import device_util
 from replicate import errors
 from replicate.core import packing
+from replicate.core import tuning
 from replicate import testing
 from replicate._compat import tf1
 
@@ -175,7 +175,7 @@ class OneThreadPackBytesTest(parameterized.TestCase, tf.test.TestCase):
   """packing.one_thread_pack_bytes: a cap on CPUs, none elsewhere."""
 
   @parameterized.named_parameters(
-      # Up to 4 summed packs: ONE_THREAD_BYTES (200 KB); 8: half of it.
+      # Up to 4 summed packs: Tuning.one_thread_bytes (200 KB); 8: half.
       ('two_cpus', ['/cpu:0', '/cpu:1'], ['/cpu:0'], 204800),
       ('four_cpus', ['/cpu:%d' % i for i in range(4)], ['/cpu:0'], 204800),
       ('eight_cpus', ['/cpu:%d' % i for i in range(8)], [], 102400),
@@ -202,8 +202,8 @@ class ConcatRowsTest(parameterized.TestCase, tf.test.TestCase):
     arrays = [(rng.randn(*shape) * 100).astype(dtype) for shape in shapes]
     graph = tf.Graph()
     # With a one-thread size of 4 bytes every pack here counts as large.
-    with graph.as_default(), mock.patch.object(
-        packing, 'ONE_THREAD_BYTES', 4):
+    with graph.as_default(), tuning.tuning_scope(
+        tuning.Tuning(one_thread_bytes=4)):
       with tf.device(_DEVICES[1]):
         tensors = [tf.constant(a) for a in arrays]
       packed = packing.concat_rows(tensors, _DEVICES[0], name='rows')
@@ -221,7 +221,7 @@ class ConcatRowsTest(parameterized.TestCase, tf.test.TestCase):
     self.assertAllEqual(np.concatenate(arrays, axis=0), got)
 
   @parameterized.named_parameters(
-      # 16 kernels of 64 x 64 floats: 256 KB, at least ONE_THREAD_BYTES.
+      # 16 kernels of 64 x 64 floats: 256 KB, at least Tuning.one_thread_bytes.
       ('kernels_256_kb', 16, [64, 64], 'DynamicStitch'),
       # 12 of them: 192 KB, which TF's ConcatV2 copies on one thread.
       ('kernels_192_kb', 12, [64, 64], 'ConcatV2'),
@@ -247,8 +247,8 @@ class ConcatRowsTest(parameterized.TestCase, tf.test.TestCase):
       ('stitch_off', '/device:CPU:0', 2, False),
   )
   def test_tf_concat_elsewhere(self, device, num_tensors, stitch_on_cpus):
-    with tf.Graph().as_default(), mock.patch.object(
-        packing, 'STITCH_ON_CPUS', stitch_on_cpus):
+    with tf.Graph().as_default(), tuning.tuning_scope(
+        tuning.Tuning(stitch_on_cpus=stitch_on_cpus)):
       tensors = [tf.zeros([2, 3]) for _ in range(num_tensors)]
       packed = packing.concat_rows(tensors, device)
       self.assertNotEqual('DynamicStitch', packed.op.type)

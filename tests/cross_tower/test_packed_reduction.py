@@ -1,6 +1,5 @@
 """ReductionToOneDeviceCrossTowerOps.batch_reduce packs small values
 (replicate/packed_reduction.py): same results, fewer ops."""
-from unittest import mock
 
 from absl.testing import parameterized
 import numpy as np
@@ -8,7 +7,7 @@ import tensorflow as tf
 
 import replicate
 from replicate.core import device_util
-from replicate.cross_tower import packed_reduction
+from replicate.core import tuning
 from replicate import testing
 from replicate.cross_tower import values
 from replicate._compat import tf1
@@ -35,10 +34,10 @@ def _mixed_arrays(rng):
   """Per value, one array per device: what packs and what does not.
 
   18 values of [64, 64] (16 KB each: one group; on CPUs a pack of 12 and
-  one of 6, since 12 of them exceed PACK_SMALL_BYTES and 13 would reach
+  one of 6, since 12 of them exceed Tuning.pack_small_bytes and 13 would reach
   packing.one_thread_pack_bytes, 200 KB), 20 of [6] (480 bytes in all:
   one pack), a scalar (rank 0: alone) and a [300, 300] float32 value
-  (360 KB, above PACK_MAX_BYTES: alone). Small integers: every sum is exact.
+  (360 KB, above Tuning.pack_max_bytes: alone). Small integers: every sum is exact.
   """
   shapes = [(64, 64)] * 18 + [(6,)] * 20 + [(), (300, 300)]
   return [[rng.randint(-8, 8, size=s).astype(np.float32) for _ in _DEVICES]
@@ -131,8 +130,8 @@ class PackedBatchReduceTest(parameterized.TestCase, tf.test.TestCase):
   def test_packing_off(self):
     arrays = _mixed_arrays(np.random.RandomState(2))
     graph = tf.Graph()
-    with graph.as_default(), mock.patch.object(packed_reduction,
-                                               'PACK_MAX_BYTES', 0):
+    with graph.as_default(), tuning.tuning_scope(
+        tuning.Tuning(pack_max_bytes=0)):
       inputs = [_per_device(a) for a in arrays]
       replicate.ReductionToOneDeviceCrossTowerOps().batch_reduce(
           ReduceOp.SUM, [(v, _DESTINATIONS) for v in inputs])

@@ -1,6 +1,5 @@
 """Tests for replicate.gradients.gradient_aggregation (packed and per-variable sums)."""
 import collections
-from unittest import mock
 
 from absl.testing import parameterized
 import numpy as np
@@ -9,6 +8,7 @@ import tensorflow as tf
 import replicate
 from replicate.gradients import gradient_aggregation
 from replicate.core import packing
+from replicate.core import tuning
 from replicate._compat import tf1
 
 _DEVICES = replicate.testing.virtual_cpu_devices(4)
@@ -82,15 +82,15 @@ class PackedSumTest(tf.test.TestCase, parameterized.TestCase):
       ('small_packs_grow', 64 * 1024, None, [12, 8, 20]),
       # Without the small-pack rule the biases come 16 + 4.
       ('count_only', 0, None, [12, 8, 16, 4]),
-      # Without the size cap the kernels come 16 + 4 (PACK_MAX_GROUP).
+      # Without the size cap the kernels come 16 + 4 (pack_max_group).
       ('no_size_cap', 64 * 1024, 1 << 30, [16, 4, 20]),
   )
   def test_packs_per_group(self, small_bytes, one_thread_bytes, pack_sizes):
     graph = tf.Graph()
-    with graph.as_default(), mock.patch.object(
-        gradient_aggregation, 'PACK_SMALL_BYTES', small_bytes), (
-            mock.patch.object(packing, 'ONE_THREAD_BYTES',
-                              one_thread_bytes or packing.ONE_THREAD_BYTES)):
+    knobs = tuning.Tuning(pack_small_bytes=small_bytes)
+    if one_thread_bytes:
+      knobs = knobs.replace(one_thread_bytes=one_thread_bytes)
+    with graph.as_default(), tuning.tuning_scope(knobs):
       tower_grads, values, _ = _tower_grads([(64, 64), (64,)] * 20, 4)
       summed = gradient_aggregation.sum_gradients_by_variable(tower_grads)
       with tf1.Session(
@@ -101,7 +101,7 @@ class PackedSumTest(tf.test.TestCase, parameterized.TestCase):
     for op in graph.get_operations():
       by_type[op.type].append(op)
     # A concat per tower and pack, one add_n and one split per pack. Every
-    # pack is below ONE_THREAD_BYTES, so packing.concat_rows makes it a
+    # pack is below Tuning.one_thread_bytes, so packing.concat_rows makes it a
     # ConcatV2.
     self.assertLen(by_type['ConcatV2'], 4 * len(pack_sizes))
     self.assertLen(by_type['AddN'], len(pack_sizes))

@@ -17,7 +17,7 @@ from replicate._compat import tf1
 
 import model_testing as mt
 
-# 384 x 384 float32 = 576 KB: above FUSE_MIN_BYTES (256 KB), so the middle
+# 384 x 384 float32 = 576 KB: above Tuning.fuse_min_bytes (256 KB), so the middle
 # layer's kernel gradient is fused on virtual CPUs; the others are small.
 WIDTH = 384
 

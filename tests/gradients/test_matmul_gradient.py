@@ -48,7 +48,7 @@ class MatMulGradientTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(
       # (transpose_a, transpose_b, a shape, b shape); b of 300 x 300 = 90000
-      # elements is above MIN_ELEMENTS (65536).
+      # elements is above Tuning.matmul_min_elements (65536).
       ('plain_large', False, False, (8, 300), (300, 300)),
       ('plain_small', False, False, (8, 30), (30, 30)),
       ('transpose_a', True, False, (300, 8), (300, 300)),
@@ -203,7 +203,7 @@ class MirroredReplicasTest(tf.test.TestCase):
                      [op.get_attr('_gradient_op_type') for op in ops])
 
   def test_training_step_equals_the_one_device_step(self):
-    # y = (x . W) . V with W, V of 300 x 300 (above MIN_ELEMENTS), 2 replicas
+    # y = (x . W) . V with W, V of 300 x 300 (above Tuning.matmul_min_elements), 2 replicas
     # of 4 rows each, loss sum(y * c) / 2 per replica (scaled to the global
     # batch), one SGD step of rate 0.5, compared with the same step computed
     # by NumPy. float64: the transpose-free input gradient only reorders

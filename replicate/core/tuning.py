@@ -1,0 +1,168 @@
+"""`Tuning`: the library's performance knobs, in one immutable object.
+
+Every size threshold of the packing, fusion and CPU-gradient rewrites is a
+field here, with its default. The library reads the current `Tuning` when it
+builds a graph; users and benchmarks change it only through `set_tuning` or
+the `tuning_scope` context manager, never by patching module globals. Why
+each default is what it is: docs/performance.md.
+"""
+import collections
+import contextlib
+import threading
+
+from replicate import errors
+
+_FIELDS = collections.OrderedDict([
+    # Dense gradients and cross-device values of at most this many bytes
+    # are packed (concatenated per device, reduced at once, split back).
+    ('pack_max_bytes', 256 * 1024),
+    # At most this many values per pack...
+    ('pack_max_group', 16),
+    # ...unless the pack stays within this many bytes per device.
+    ('pack_small_bytes', 64 * 1024),
+    # Variable reads of copied CPU towers of at most this many bytes are
+    # delivered in packs (0: one transfer per variable).
+    ('read_pack_max_bytes', 256 * 1024),
+    # MatMul weight gradients of at least this many bytes are summed over
+    # CPU towers as one product (None: never).
+    ('fuse_min_bytes', 256 * 1024),
+    # On CPUs, copies and sums below this many bytes stay on one thread.
+    ('one_thread_bytes', 200 * 1024),
+    # Packs on CPU devices are copied by one thread (a DynamicStitch).
+    ('stitch_on_cpus', True),
+    # CPU towers build the input gradient of a MatMul whose weight has at
+    # least this many elements transpose-free (None: never).
+    ('matmul_min_elements', 1 << 16),
+])
+
+
+class Tuning(collections.namedtuple('Tuning', list(_FIELDS))):
+  """The performance knobs; immutable. `Tuning()` holds the defaults.
+
+  Fields (sizes in bytes):
+    pack_max_bytes: largest dense gradient or value that is packed (0: no
+      packing).
+    pack_max_group: most values in one pack, unless the pack stays within
+      `pack_small_bytes`.
+    pack_small_bytes: a pack this small takes any number of values.
+    read_pack_max_bytes: largest variable read of a copied CPU tower that is
+      delivered in a pack (0: none).
+    fuse_min_bytes: smallest MatMul weight gradient summed over CPU towers
+      as one product (None: never fused).
+    one_thread_bytes: on CPUs, packs are kept below this size so that one
+      thread copies and sums them.
+    stitch_on_cpus: whether large packs on CPUs are copied by one thread.
+    matmul_min_elements: smallest MatMul weight whose input gradient CPU
+      towers build transpose-free (None: never).
+  """
+  __slots__ = ()
+
+  def __new__(cls, **kwargs):
+    """Builds a `Tuning`; fields not given keep their defaults.
+
+    Raises:
+      InvalidArgumentError: for an unknown field or a negative size.
+      InvalidTypeError: for a size that is not an int (or None where
+        allowed) or a `stitch_on_cpus` that is not a bool.
+    """
+    unknown = sorted(set(kwargs) - set(_FIELDS))
+    if unknown:
+      raise errors.InvalidArgumentError(
+          'Unknown Tuning field(s) {}; the fields are {}.'.format(
+              unknown, ', '.join(_FIELDS)))
+    values = dict(_FIELDS, **kwargs)
+    for name, value in values.items():
+      _check_field(name, value)
+    return super(Tuning, cls).__new__(cls, **values)
+
+  def replace(self, **kwargs):
+    """A copy with the given fields changed (validated as in `Tuning()`)."""
+    return Tuning(**dict(self._asdict(), **kwargs))
+
+
+_NULLABLE = ('fuse_min_bytes', 'matmul_min_elements')
+
+
+def _check_field(name, value):
+  if name == 'stitch_on_cpus':
+    if not isinstance(value, bool):
+      raise errors.InvalidTypeError(
+          'Tuning.stitch_on_cpus must be a bool, got {!r}.'.format(value))
+    return
+  if value is None and name in _NULLABLE:
+    return
+  if not isinstance(value, int) or isinstance(value, bool):
+    raise errors.InvalidTypeError(
+        'Tuning.{} must be an int{}, got {!r}.'.format(
+            name, ' or None' if name in _NULLABLE else '', value))
+  minimum = 1 if name == 'pack_max_group' else 0
+  if value < minimum:
+    raise errors.InvalidArgumentError(
+        'Tuning.{} must be at least {}, got {}.'.format(name, minimum, value))
+
+
+# The default, then the open `tuning_scope`s. Process-wide, not per thread:
+# the replica threads a strategy starts must see the scope of the thread
+# that builds the graph.
+_stack = [Tuning()]
+_lock = threading.Lock()
+
+
+def get_tuning():
+  """The `Tuning` in effect: the innermost `tuning_scope`, else the default."""
+  return _stack[-1]
+
+
+def set_tuning(tuning):
+  """Makes `tuning` the process-wide default; returns the previous one.
+
+  Args:
+    tuning: a `Tuning`.
+
+  Returns:
+    The `Tuning` that was the default before.
+
+  Raises:
+    InvalidTypeError: if `tuning` is not a `Tuning`.
+  """
+  _check_tuning(tuning)
+  with _lock:
+    previous, _stack[0] = _stack[0], tuning
+  return previous
+
+
+@contextlib.contextmanager
+def tuning_scope(tuning):
+  """Uses `tuning` for the graphs built inside the block.
+
+  Args:
+    tuning: a `Tuning`.
+
+  Yields:
+    `tuning`.
+
+  Raises:
+    InvalidTypeError: if `tuning` is not a `Tuning`.
+    ContextError: on exit, if scopes were not properly nested.
+  """
+  _check_tuning(tuning)
+  with _lock:
+    _stack.append(tuning)
+    depth = len(_stack)
+  try:
+    yield tuning
+  finally:
+    with _lock:
+      nested = len(_stack) == depth and _stack[-1] is tuning
+      del _stack[depth - 1:]
+    if not nested:
+      raise errors.ContextError(
+          'tuning_scope blocks were not properly nested: one entered inside '
+          'this one was still open when it exited. Use `with` blocks.')
+
+
+def _check_tuning(tuning):
+  if not isinstance(tuning, Tuning):
+    raise errors.InvalidTypeError(
+        'Expected a replicate.Tuning, got {!r}; build one with '
+        'replicate.Tuning(field=value, ...).'.format(tuning))

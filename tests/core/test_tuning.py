@@ -1,0 +1,110 @@
+"""Tests for `replicate.core.tuning`: one immutable object for every knob."""
+import threading
+
+from absl.testing import parameterized
+import tensorflow as tf
+
+from replicate import errors
+from replicate.core import tuning
+
+
+class TuningTest(parameterized.TestCase, tf.test.TestCase):
+
+  def test_defaults_and_replace(self):
+    default = tuning.Tuning()
+    self.assertEqual(256 * 1024, default.pack_max_bytes)
+    self.assertEqual(16, default.pack_max_group)
+    self.assertTrue(default.stitch_on_cpus)
+    changed = default.replace(pack_max_group=4, fuse_min_bytes=None)
+    self.assertEqual(4, changed.pack_max_group)
+    self.assertIsNone(changed.fuse_min_bytes)
+    # The original is untouched: the object is immutable.
+    self.assertEqual(16, default.pack_max_group)
+    with self.assertRaises(AttributeError):
+      default.pack_max_group = 3  # pylint: disable=assigning-non-slot
+
+  @parameterized.named_parameters(
+      ('unknown_field', dict(pack_bytes=1), errors.InvalidArgumentError,
+       r"Unknown Tuning field\(s\) \['pack_bytes'\]; the fields are "
+       'pack_max_bytes'),
+      ('negative', dict(pack_max_bytes=-1), errors.InvalidArgumentError,
+       'Tuning.pack_max_bytes must be at least 0, got -1'),
+      ('empty_group', dict(pack_max_group=0), errors.InvalidArgumentError,
+       'Tuning.pack_max_group must be at least 1, got 0'),
+      ('float', dict(one_thread_bytes=1.5), errors.InvalidTypeError,
+       'Tuning.one_thread_bytes must be an int, got 1.5'),
+      ('none_not_allowed', dict(pack_small_bytes=None),
+       errors.InvalidTypeError, 'Tuning.pack_small_bytes must be an int'),
+      ('bool_size', dict(pack_max_bytes=True), errors.InvalidTypeError,
+       'Tuning.pack_max_bytes must be an int'),
+      ('stitch_not_bool', dict(stitch_on_cpus=1), errors.InvalidTypeError,
+       'Tuning.stitch_on_cpus must be a bool, got 1'),
+  )
+  def test_bad_fields(self, kwargs, error, message):
+    with self.assertRaisesRegex(error, message):
+      tuning.Tuning(**kwargs)
+
+  def test_scope_nests_and_restores(self):
+    outer = tuning.Tuning(pack_max_group=2)
+    inner = tuning.Tuning(pack_max_group=3)
+    default = tuning.get_tuning()
+    with tuning.tuning_scope(outer) as entered:
+      self.assertIs(outer, entered)
+      self.assertIs(outer, tuning.get_tuning())
+      with tuning.tuning_scope(inner):
+        self.assertIs(inner, tuning.get_tuning())
+      self.assertIs(outer, tuning.get_tuning())
+    self.assertIs(default, tuning.get_tuning())
+
+  def test_scope_restores_after_an_error(self):
+    default = tuning.get_tuning()
+    with self.assertRaisesRegex(RuntimeError, 'boom'):
+      with tuning.tuning_scope(tuning.Tuning(pack_max_group=2)):
+        raise RuntimeError('boom')
+    self.assertIs(default, tuning.get_tuning())
+
+  def test_scope_is_seen_by_threads_the_builder_starts(self):
+    # A strategy builds its replicas in threads of its own: they must see
+    # the scope of the thread that builds the graph.
+    seen = []
+    knobs = tuning.Tuning(pack_max_group=5)
+    with tuning.tuning_scope(knobs):
+      thread = threading.Thread(target=lambda: seen.append(tuning.get_tuning()))
+      thread.start()
+      thread.join()
+    self.assertEqual([knobs], seen)
+
+  def test_improper_nesting_raises(self):
+    first = tuning.tuning_scope(tuning.Tuning(pack_max_group=2))
+    second = tuning.tuning_scope(tuning.Tuning(pack_max_group=3))
+    default = tuning.get_tuning()
+    first.__enter__()
+    second.__enter__()
+    with self.assertRaisesRegex(errors.ContextError, 'not properly nested'):
+      first.__exit__(None, None, None)
+    # The stack is consistent again.
+    self.assertIs(default, tuning.get_tuning())
+
+  def test_set_tuning_returns_the_previous_default(self):
+    knobs = tuning.Tuning(pack_max_bytes=0)
+    previous = tuning.set_tuning(knobs)
+    try:
+      self.assertIs(knobs, tuning.get_tuning())
+      with tuning.tuning_scope(tuning.Tuning()):
+        self.assertEqual(256 * 1024, tuning.get_tuning().pack_max_bytes)
+    finally:
+      self.assertIs(knobs, tuning.set_tuning(previous))
+    self.assertIs(previous, tuning.get_tuning())
+
+  def test_only_a_tuning_is_accepted(self):
+    with self.assertRaisesRegex(errors.InvalidTypeError,
+                                'Expected a replicate.Tuning, got'):
+      tuning.set_tuning({'pack_max_bytes': 0})
+    with self.assertRaisesRegex(errors.InvalidTypeError,
+                                'Expected a replicate.Tuning'):
+      with tuning.tuning_scope(None):
+        pass
+
+
+if __name__ == '__main__':
+  tf.test.main()
