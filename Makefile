@@ -15,7 +15,7 @@ VENV_TF1 := .venv/tf1
 VENV_TF2 := .venv/tf2
 PYTEST_ARGS ?= -q -p no:cacheprovider
 
-.PHONY: demo test test-tf1 test-tf2 bench venv-tf1 venv-tf2 clean
+.PHONY: demo test test-tf1 test-tf2 lint bench venv-tf1 venv-tf2 clean
 
 demo: $(VENV_TF1)/.installed
 	$(VENV_TF1)/bin/python examples/digits_demo.py $(DEMO_ARGS)
@@ -29,6 +29,11 @@ test: $(VENV_TF1)/.installed $(VENV_TF2)/.installed
 	$(VENV_TF2)/bin/python -m pytest tests $(PYTEST_ARGS) || rc=1; \
 	if [ $$rc -ne 0 ]; then echo "FAILED: at least one TensorFlow suite failed"; fi; \
 	exit $$rc
+
+# pyflakes and import order (ruff.toml); tests/test_architecture.py checks
+# the layering.
+lint: $(VENV_TF2)/.installed
+	$(VENV_TF2)/bin/ruff check .
 
 test-tf1: $(VENV_TF1)/.installed
 	$(VENV_TF1)/bin/python -m pytest tests $(PYTEST_ARGS)

@@ -47,7 +47,7 @@ setup(
         'tf': _TF1,
         'tf-gpu': _TF1_GPU,
         'tf2': _TF2,
-        'test': ['pytest', 'pytest-timeout'],
+        'test': ['pytest', 'pytest-timeout', 'ruff==0.17.6'],
         'demo': ['scikit-learn'],
         'bench': ['matplotlib'],
     },
