@@ -12,11 +12,10 @@ merges the towers' `EstimatorSpec`s:
 import contextlib
 import copy
 
-from absl import logging
-import six
 import tensorflow as tf
 
 from replicate.towers import batch_split
+from replicate.core import device_check
 from replicate.cluster import placement as cluster_placement
 from replicate.towers import device_setter
 from replicate import errors
@@ -29,7 +28,6 @@ from replicate.towers import tower_specs
 from replicate._compat import EstimatorSpec
 from replicate._compat import ModeKeys
 from replicate._compat import fn_args
-from replicate._compat import local_gpu_devices
 from replicate._compat import tf1
 from replicate._compat import variable_store_names
 from replicate.towers.device_setter import VariablePlacement
@@ -164,64 +162,29 @@ def replicate_model_fn(model_fn,
 
 
 def _canonical_devices(devices):
-  if isinstance(devices, six.string_types) or not isinstance(
-      devices, (list, tuple)):
-    raise errors.InvalidTypeError(
-        'devices must be a list of device strings such as ["/device:GPU:0", '
-        '"/device:GPU:1"], got {!r}.'.format(devices))
-  if not devices:
-    raise errors.InvalidArgumentError(
-        'devices is empty; pass at least one device, or devices=None to use '
-        'every local GPU (or the CPU).')
-  canonical = [device_setter.canonical_device(d) for d in devices]
-  for i, device in enumerate(canonical):
-    if device in canonical[:i]:
-      raise errors.InvalidArgumentError(
-          'Device {!r} is listed twice in devices {}; list each device once '
-          '(one tower per device).'.format(devices[i], list(devices)))
-  return canonical
+  """The user's `devices`, validated (device_check.check_device_list)."""
+  return device_check.check_device_list(devices)
 
 
 def _default_devices():
-  return local_gpu_devices() or ['/device:CPU:0']
+  return device_check.default_devices()
 
 
 def _check_devices_exist(devices, config):
   """Fails loudly where soft placement would silently use another device.
 
-  The Estimator's default session allows soft placement, so a tower on a
-  device the session lacks would quietly run on CPU:0. That is an error,
-  unless the user's own `session_config` asks for soft placement explicitly:
-  then it is logged once.
+  Judged against the devices of the session the Estimator will run: its
+  `session_config`, which the Estimator sets to its default
+  (`allow_soft_placement: true`) when the user gave none. Only a
+  `session_config` of the user's own that asks for soft placement turns the
+  error into a WARNING (see `device_check.soft_placement_requested`).
   """
   if not isinstance(config, tf1.estimator.RunConfig):
-    return
+    return  # Called outside an Estimator: the session is unknown.
   session_config = config.session_config
-  device_count = dict(session_config.device_count) if session_config else {}
-  num_gpus = len(local_gpu_devices())
-  available = {
-      'CPU': device_count.get('CPU', 1),
-      'GPU': min(device_count.get('GPU', num_gpus), num_gpus),
-  }
-  for device in devices:
-    spec = tf1.DeviceSpec.from_string(device)
-    if spec.job is not None or spec.device_type not in available:
-      continue
-    index = spec.device_index or 0
-    if index < available[spec.device_type]:
-      continue
-    message = (
-        'Device {} does not exist: the session has {} {} device(s), so it '
-        'would silently run on another device. For virtual CPUs pass '
-        'RunConfig(session_config=tf.compat.v1.ConfigProto('
-        'device_count={{"CPU": {}}})), or list fewer devices.'.format(
-            device, available[spec.device_type], spec.device_type, index + 1))
-    if session_config is not None and session_config.allow_soft_placement:
-      logging.log_first_n(
-          logging.WARNING, message + ' Soft placement was asked for in '
-          'session_config, so TensorFlow will place it elsewhere.', 1)
-      return
-    raise errors.InvalidArgumentError(message)
+  device_check.check_devices_exist(
+      devices, session_config,
+      device_check.soft_placement_requested(config))
 
 
 def _replicate(model_fn, features, labels, mode, params, config, placement,

@@ -1,11 +1,15 @@
-"""Device strings, canonicalized once.
+"""Device strings: the library's one parser and one canonical form.
 
 TensorFlow accepts many spellings of one device: `/cpu:0`, `CPU:0`,
-`/device:CPU:0`, `/job:localhost/replica:0/task:0/device:CPU:0`. Everything
-in `replicate` that compares or keys devices goes through `canonicalize` first,
-so that two spellings of the same device always compare equal.
+`/device:CPU:0`, `/job:localhost/replica:0/task:0/device:CPU:0`. Every device
+string `replicate` reads goes through `parse`; everything that compares or
+keys devices uses `canonicalize` (fully qualified), so two spellings of the
+same device always compare equal. `normalize` keeps only the parts a user
+gave, in TF's spelling, for device scopes whose job and task a cluster fills
+in later; it is never used to compare devices.
 """
 import six
+import tensorflow as tf
 
 from replicate import errors
 from replicate._compat import tf1
@@ -16,21 +20,56 @@ _LOCAL_DEFAULTS = (('job', 'localhost'), ('replica', 0), ('task', 0),
                    ('device_type', 'CPU'), ('device_index', 0))
 
 
-def _parse(device, what):
-  """`tf1.DeviceSpec` of `device` (a string or a DeviceSpec)."""
+def parse(device, what='device'):
+  """The one parser: `tf.compat.v1.DeviceSpec` of any spelling of a device.
+
+  Args:
+    device: a device string (`/cpu:1`, `CPU:1`, `/device:CPU:1`,
+      `/job:localhost/replica:0/task:0/device:CPU:1`, ...) or a `DeviceSpec`.
+    what: what `device` is, for the messages.
+
+  Returns:
+    A `tf.compat.v1.DeviceSpec` (device type upper-cased).
+
+  Raises:
+    InvalidTypeError: if `device` is not a string or DeviceSpec.
+    InvalidArgumentError: if `device` cannot be parsed.
+  """
   if isinstance(device, tf1.DeviceSpec):
     return device
+  if isinstance(device, tf.DeviceSpec):  # TF 2's DeviceSpecV2.
+    device = device.to_string()
   if not isinstance(device, six.string_types):
     raise errors.InvalidTypeError(
         '{} must be a device string such as "/device:GPU:0", got {!r} of '
         'type {}.'.format(what, device, type(device).__name__))
   try:
     return tf1.DeviceSpec.from_string(device)
-  except ValueError as e:
+  except (ValueError, TypeError) as e:
     raise errors.InvalidArgumentError(
-        '{} {!r} is not a valid device string ({}); use a form such as '
-        '"/device:GPU:0" or "/job:worker/task:1/device:CPU:0".'.format(
-            what, device, e))
+        'Cannot parse {} {!r}: it is not a valid device string ({}); use a '
+        'form such as "/device:GPU:0", "/cpu:1" or '
+        '"/job:worker/task:1/device:CPU:0".'.format(what, device, e))
+
+
+def normalize(device):
+  """The parts of `device` that were given, in TF's spelling.
+
+  `/cpu:1` and `CPU:1` give `/device:CPU:1`; `/job:worker/task:1/gpu:0`
+  gives `/job:worker/task:1/device:GPU:0`. Unlike `canonicalize`, nothing is
+  filled in, so a cluster can still put the device on its own task. Compare
+  devices with `canonicalize`, never with this.
+
+  Args:
+    device: a device string in any spelling, or a `DeviceSpec`.
+
+  Returns:
+    A device string.
+
+  Raises:
+    InvalidTypeError, InvalidArgumentError: as `parse`.
+  """
+  return parse(device).to_string()
 
 
 def canonicalize(device, default=None):
@@ -56,8 +95,8 @@ def canonicalize(device, default=None):
   """
   spec = tf1.DeviceSpec(**dict(_LOCAL_DEFAULTS))
   if default is not None:
-    spec = spec.make_merged_spec(_parse(default, 'default device'))
-  spec = spec.make_merged_spec(_parse(device, 'device'))
+    spec = spec.make_merged_spec(parse(default, 'default device'))
+  spec = spec.make_merged_spec(parse(device, 'device'))
   return spec.to_string()
 
 
@@ -124,3 +163,18 @@ def on_cpus_of_one_task(devices):
   if any(device_type_of(d) != 'CPU' for d in devices):
     return False
   return len(set(worker_of(d) for d in devices)) == 1
+
+
+def is_local(device):
+  """Whether `device` names this process's devices (no job, or `localhost`).
+
+  Args:
+    device: a device string in any spelling.
+
+  Returns:
+    A bool: True for `/device:CPU:1` or
+    `/job:localhost/replica:0/task:0/device:CPU:1`, False for
+    `/job:worker/task:1/device:CPU:1`.
+  """
+  job = parse(device).job
+  return job is None or job == 'localhost'

@@ -39,11 +39,11 @@ under every replica's open control dependencies.
 import functools
 import weakref
 
-import six
 import tensorflow as tf
 
 from replicate.cross_tower import cross_tower_base
 from replicate.cross_tower import all_reduce_ops
+from replicate.core import device_check
 from replicate.core import device_util
 from replicate.strategy import default_strategy
 from replicate.strategy import distribute_context
@@ -53,7 +53,6 @@ from replicate.strategy import mirrored_run
 from replicate.strategy import strategy_base
 from replicate.strategy import strategy_extended
 from replicate.cross_tower import values as values_lib
-from replicate import _compat
 from replicate._compat import tf1
 from replicate.strategy.mirrored_values import MirroredVariable
 from replicate.strategy.sync_on_read import SyncOnReadVariable
@@ -68,24 +67,12 @@ _VARIABLE_COLLECTIONS = (tf1.GraphKeys.GLOBAL_VARIABLES,
 
 
 def _default_devices():
-  return _compat.local_gpu_devices() or ['/device:CPU:0']
+  return device_check.default_devices()
 
 
 def _check_devices(devices):
-  if isinstance(devices, six.string_types) or not isinstance(
-      devices, (list, tuple)):
-    raise errors.InvalidTypeError(
-        'devices must be a list of device strings, got {!r}.'.format(devices))
-  if not devices:
-    raise errors.InvalidArgumentError(
-        'devices is empty; pass at least one device, or None for all local '
-        'GPUs (else the CPU).')
-  canonical = device_util.canonicalize_all(devices)
-  if len(set(canonical)) != len(canonical):
-    raise errors.InvalidArgumentError(
-        'devices {} name the same device more than once; give each device '
-        'once.'.format(list(devices)))
-  return canonical
+  """The canonical devices of a valid device list (device_check's rules)."""
+  return device_util.canonicalize_all(device_check.check_device_list(devices))
 
 
 class MirroredExtended(strategy_extended.StrategyExtended):

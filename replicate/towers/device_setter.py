@@ -5,8 +5,8 @@ ops go; the aggregation code only ever receives per-device lists.
 """
 import enum
 
-from replicate import errors
 from replicate._compat import tf1
+from replicate.core import device_check
 
 # Ops that own state and belong on a parameter device, not on a tower device.
 STATEFUL_OP_TYPES = frozenset([
@@ -45,34 +45,23 @@ class VariablePlacement(enum.Enum):
 
 
 def canonical_device(device):
-  """Returns the canonical spelling of a device string.
+  """Returns a tower device in TF's spelling (`device_util.normalize`).
+
+  Kept for its callers; the parsing is `replicate.core.device_util`'s, the
+  library's one device parser. Compare devices with
+  `device_util.canonicalize`.
 
   Args:
     device: a device string such as `/gpu:0`, `GPU:0` or `/device:CPU:1`.
 
   Returns:
-    The canonical string, e.g. `/device:GPU:0`.
+    The normalized string, e.g. `/device:GPU:0`.
 
   Raises:
     InvalidTypeError: if `device` is not a string.
     InvalidArgumentError: if `device` cannot be parsed or names no device type.
   """
-  if not isinstance(device, str):
-    raise errors.InvalidTypeError(
-        'Devices must be strings such as "/device:GPU:0", got {!r} of type '
-        '{}.'.format(device, type(device).__name__))
-  spelled = device if device.startswith('/') else '/' + device
-  try:
-    spec = tf1.DeviceSpec.from_string(spelled)
-  except (ValueError, TypeError) as e:
-    raise errors.InvalidArgumentError(
-        'Cannot parse device {!r} ({}); use a device string such as '
-        '"/device:GPU:0" or "/cpu:0".'.format(device, e))
-  if spec.device_type is None:
-    raise errors.InvalidArgumentError(
-        'Device {!r} names no device type; use a device string such as '
-        '"/device:GPU:0" or "/cpu:0".'.format(device))
-  return spec.to_string()
+  return device_check.check_device_list([device])[0]
 
 
 def consolidation_device(devices):

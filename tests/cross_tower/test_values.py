@@ -48,7 +48,7 @@ class DeviceUtilTest(parameterized.TestCase, tf.test.TestCase):
                                 'device must be a device string.*got 3'):
       device_util.canonicalize(3)
     with self.assertRaisesRegex(errors.InvalidArgumentError,
-                                "device '/foo:bar' is not a valid device"):
+                                "Cannot parse device '/foo:bar': it is not a valid device"):
       device_util.canonicalize('/foo:bar')
 
 
