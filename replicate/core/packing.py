@@ -111,11 +111,10 @@ def one_thread_pack_bytes(sources, devices=()):
 
   On CPU devices TF's `ConcatV2` and `AddN` kernels hand larger copies and
   sums to helper threads of the intra-op pool; between towers that keep
-  every core busy that hand-off only adds futex waits and preemptions (deep
-  model, 4 CPU towers on 2 cores, packs of 16 kernels of 16 KB: 25/9
-  context switches per step; packs below this size: 11/2). The cost of a
-  sum grows with its inputs, so this is `Tuning.one_thread_bytes` for up to 4
-  sources and proportionally less beyond.
+  every core busy that hand-off only adds waits and preemptions
+  (docs/performance.md). The cost of a sum grows with its inputs, so this is
+  `Tuning.one_thread_bytes` for up to 4 sources and proportionally less
+  beyond.
 
   Args:
     sources: the devices whose packs are summed (one input each).
@@ -137,10 +136,8 @@ def concat_rows(tensors, device, name='packed'):
   TF's `ConcatV2` CPU kernel splits a copy of `Tuning.one_thread_bytes` or more
   over the intra-op thread pool: it wakes a helper thread and waits for it.
   Between towers that already keep every core busy that hand-off buys
-  nothing and costs a futex wake, a wait and often a preemption per pack
-  (deep model, 4 CPU towers on 2 cores: ~240 futex calls and ~45
-  involuntary context switches per step with `ConcatV2` packs, ~110 and ~10
-  with one-thread copies). On CPU devices such a pack (e.g. the packed
+  nothing and costs a wake, a wait and often a preemption per pack. On CPU
+  devices such a pack (e.g. the packed
   variable reads of copied towers) is therefore placed by a
   `DynamicStitch`, whose CPU kernel copies on the calling thread; its
   indices are one constant `range` split per value, which Grappler folds.

@@ -1,36 +1,13 @@
 """Summing tower gradients: plain functions over per-tower lists.
 
-Nothing here decides placement beyond the rule "sum on the device of the
-variable the gradient belongs to", which keeps the update next to the
-variable and avoids copying the sum back.
-
-Small dense gradients are packed before they are summed: every tower
-concatenates its gradients of the same dtype and trailing shape (on the
-tower's own device) into one tensor, the packs are added with one `add_n` on
-the variables' device, and the sum is split back along dimension 0. A model
-with many small variables then sends one tensor per tower and group instead
-of one per variable, and runs one `add_n` instead of one per variable: on
-100 dense layers of 64 units that removes ~600 cross-device transfers and
-~200 ops from every training step (see benchmarks/results/profile_notes.md).
-Each packed sum adds the towers in order, ((g0 + g1) + g2) + g3, element by
-element, exactly as a per-variable `add_n` kernel does (tests check it bit for
-bit against NumPy; Grappler's arithmetic optimizer may reassociate small
-`add_n`s, packed or not, within float rounding). Large gradients are summed
-one by one, since copying them into a pack costs more memory traffic than it
-saves.
-
-Large `MatMul` weight gradients can be fused instead of summed, when every
-tower and the variable live on CPU devices of one task (virtual CPUs share
-the cores and the memory): tower i's gradient is `X_i^T . dY_i`, so the sum
-over towers is one product of the towers' inputs concatenated along the
-contracted dimension, `concat(X_i)^T . concat(dY_i)` -- the same product the
-unreplicated model computes. It replaces N partial products over 1/N of the
-rows each (which repack the whole weight-sized panel every time) and an
-`add_n` that reads N weight-sized gradients, by one product whose output is
-written once; the towers' own weight-gradient ops are then pruned from the
-step. Results agree with the summed ones within float rounding (the terms are
-added in another order). Devices that do not share cores (GPUs, other tasks)
-always sum: a product on the variable's device would move the work off them.
+Each variable's gradients are summed on the variable's device. Small dense
+gradients are summed in packs (one concat per tower, one `add_n`, one split;
+the same element-wise order as a per-variable `add_n`). Large `MatMul`
+weight gradients of CPU towers of one task are fused: the sum over towers
+of `X_i^T . dY_i` is computed as one product `concat(X_i)^T . concat(dY_i)`,
+equal within float rounding; other devices always sum, since a product on
+the variable's device would move the work off them. Thresholds: `Tuning`;
+why they pay off: docs/performance.md.
 """
 import collections
 

@@ -1,39 +1,15 @@
 """Per-variable gradient gating for towers: GATE_OP's guarantee, cheaper.
 
-`Optimizer.compute_gradients(gate_gradients=GATE_OP)` (the default, and what
-`minimize` passes) groups the outputs of every gradient function, so that a
-variable's gradient is not released while another gradient op still reads
-the variable: without it, the update could overwrite a reference variable's
-buffer while, e.g., the input gradient of a `MatMul` (`dY . W^T`) still reads
-`W`. The grouping has a price in a replicated model: it makes every gradient
-op depend on all of its siblings, so a tower always computes its own weight
-gradient `X^T . dY` even when the aggregation could compute the sum of all
-towers' in one product (see `gradient_aggregation.py`), and it adds a `tuple`
-(a `NoOp` and one `Identity` per output) to every gradient function.
-
-Towers therefore compute their gradients ungated and gate each *variable's*
-gradient instead: it depends on every op of the tower's gradient computation
-that reads that variable (except dead ends nothing consumes, such as the
-gradient of the model's input, which then is not computed at all). That is
-the race GATE_OP exists to prevent (no update of `W` while a backward op
-reads `W`), with one identity per variable that is read during
-back-propagation instead of a tuple per gradient op.
-
-TF1 control flow (`tf.compat.v1.while_loop` and `cond` with control flow
-v1) needs more. Its backward ops read a variable through an `Enter` or
-`Switch` and run in a loop's frame or a branch, where no op outside may
-wait for them, and a loop's outputs leave it one by one: the summed
-gradient of `W` can exit the backward loop while the loop's last `dA . W^T`
-still reads `W`. The gradient of a variable read that way waits for every
-gradient of the tower instead (GATE_GRAPH's guarantee, for that variable
-only): a backward op whose result is used at all feeds one of them, so all
-of them have run once every gradient has been computed. (Functional control
-flow, TF 2's `While` and `If`, reads the variable as an input of the op
-itself and is gated like any other reader.)
-
-The ungated gradients are returned alongside, as `RawGradient`s, so that the
-aggregation can compute a sum from a gradient's inputs and apply the same
-gate to them.
+GATE_OP keeps a variable's update from running while a backward op (e.g.
+`dY . W^T`) still reads the variable, by grouping the outputs of every
+gradient function: every gradient op then depends on its siblings, and a
+tower must compute its own weight gradients even where the aggregation could
+fuse them. Towers instead compute gradients ungated and make each variable's
+gradient wait for the ops of the tower's gradient computation that read that
+variable. A variable read inside TF1 control flow (`while_loop`/`cond` built
+as frames and branches, where nothing outside may wait for one op) waits for
+every gradient of the tower instead. The ungated gradients are returned as
+`RawGradient`s, so that the aggregation can fuse them under the same gate.
 """
 import collections
 
