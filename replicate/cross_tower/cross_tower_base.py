@@ -14,6 +14,7 @@ from replicate.cross_tower import packed_reduction
 from replicate.core import reduce_util
 from replicate.cross_tower import values as values_lib
 from replicate.core.reduce_util import ReduceOp
+from replicate._compat import tf1
 
 
 def tensors_on_devices(per_device_value):
@@ -48,7 +49,77 @@ def tensors_on_devices(per_device_value):
   if any(isinstance(v, tf.IndexedSlices) for v in result):
     result = [_as_indexed_slices(v, d)
               for v, d in zip(result, per_device_value.devices)]
+    result = check_dense_shapes(result, per_device_value.devices)
   return result
+
+
+def check_dense_shapes(slices, devices):
+  """Checks that `IndexedSlices` on several devices have one `dense_shape`.
+
+  Slices of different dense shapes (gradients of different variables, or a
+  bug upstream) cannot be reduced into one: the result would silently carry
+  the first device's `dense_shape`. Every `CrossTowerOps` checks its values
+  with this before reducing them.
+
+  * Where every `dense_shape` is known when the graph is built (constant, or
+    the static shape of a dense value), a mismatch raises
+    `replicate.errors.InvalidArgumentError` at once.
+  * Where some `dense_shape` is only known at run time, each device's values
+    get a control dependency on a `tf.debugging.assert_equal` against the
+    first device's `dense_shape`: running the reduction then fails with TF's
+    `tf.errors.InvalidArgumentError` naming both devices. (No assertion is
+    added where the shapes are known, so static graphs pay nothing.)
+  * Slices without a `dense_shape` (None) are not checked.
+
+  Args:
+    slices: `IndexedSlices`, one per device, in the order of `devices`.
+    devices: the devices, for the messages.
+
+  Returns:
+    `slices`, or, with a run-time check, new `IndexedSlices` whose values
+    depend on it.
+
+  Raises:
+    InvalidArgumentError: if two known dense shapes differ.
+  """
+  known = [(i, s.dense_shape) for i, s in enumerate(slices)
+           if s.dense_shape is not None]
+  if len(known) < 2:
+    return slices
+  static = [(i, tf.get_static_value(shape)) for i, shape in known]
+  static = [(i, list(value)) for i, value in static if value is not None]
+  for i, value in static[1:]:
+    if value != static[0][1]:
+      raise errors.InvalidArgumentError(
+          'The IndexedSlices to reduce have different dense_shape: {} on {} '
+          'but {} on {}. Values reduced together must stand for one variable '
+          '(one dense shape) on every device.'.format(
+              static[0][1], devices[static[0][0]], value, devices[i]))
+  if len(static) == len(known):
+    return slices
+  result = list(slices)
+  first_index, first_shape = known[0]
+  for i, shape in known[1:]:
+    with tf.device(devices[i]):
+      # Compared as strings, so that shapes of different ranks fail the
+      # assertion too (an element-wise comparison would not broadcast).
+      this, that = _shape_string(shape), _shape_string(first_shape)
+      message = tf.strings.join([
+          'The IndexedSlices to reduce have different dense_shape: [', this,
+          '] on {} but ['.format(devices[i]), that,
+          '] on {}; values reduced together must stand for one variable '
+          '(one dense shape) on every device.'.format(devices[first_index])
+      ])
+      check = tf1.debugging.Assert(tf.equal(this, that), [message])
+      with tf.control_dependencies([check]):
+        result[i] = tf.IndexedSlices(tf.identity(slices[i].values),
+                                     slices[i].indices, shape)
+  return result
+
+
+def _shape_string(shape):
+  return tf.strings.reduce_join(tf.as_string(tf.cast(shape, tf.int64)),
+                                separator=', ')
 
 
 def _as_indexed_slices(value, device):
