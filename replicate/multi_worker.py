@@ -19,7 +19,6 @@ Two ways to run `MirroredStrategy` over several workers:
 
 These helpers only compute names and protos; they build no ops.
 """
-import six
 
 from replicate import errors
 from replicate._compat import tf1
@@ -32,7 +31,7 @@ def _check_job(cluster_spec, job):
         'type {}; build one with tf.compat.v1.train.ClusterSpec({{"worker": '
         '[...]}}).'.format(cluster_spec, type(cluster_spec).__name__))
   jobs = sorted(cluster_spec.jobs)
-  if not isinstance(job, six.string_types) or job not in jobs:
+  if not isinstance(job, str) or job not in jobs:
     raise errors.InvalidArgumentError(
         'Job {!r} is not in the cluster (its jobs are {}); pass one of them, '
         'or add the job to the cluster spec (TF_CONFIG).'.format(job, jobs))

@@ -20,6 +20,37 @@ from replicate._compat import tf1
 from replicate.strategy import default_strategy
 
 
+# The graphs in which a TowerOptimizer was used (`has_been_used`); weak, so a
+# graph that goes away leaves it.
+_GRAPHS_USED_IN = weakref.WeakSet()
+
+
+def _check_not_keras(value, what):
+  """Raises if `value` is a Keras optimizer, naming the v1 one to use."""
+  keras_class = next((c for c in type(value).__mro__
+                      if 'keras' in c.__module__ and 'Optimizer' in c.__name__),
+                     None)
+  if keras_class is None:
+    return
+  name = type(value).__name__
+  v1_name = _V1_OPTIMIZERS.get(name)
+  fix = ('tf.compat.v1.train.{}'.format(v1_name) if v1_name else
+         'a tf.compat.v1.train.*Optimizer (e.g. AdamOptimizer)')
+  raise errors.InvalidTypeError(
+      '{} the Keras optimizer {} ({}); TowerOptimizer wraps graph-mode '
+      'optimizers: use {} instead.'.format(
+          what, name, type(value).__module__, fix))
+
+
+# Keras optimizer -> its tf.compat.v1.train counterpart, for the message.
+_V1_OPTIMIZERS = {
+    'SGD': 'GradientDescentOptimizer (or MomentumOptimizer)',
+    'Adam': 'AdamOptimizer', 'Adagrad': 'AdagradOptimizer',
+    'Adadelta': 'AdadeltaOptimizer', 'RMSprop': 'RMSPropOptimizer',
+    'Ftrl': 'FtrlOptimizer',
+}
+
+
 class TowerOptimizer(tf1.train.Optimizer):
   """Wraps an optimizer so that `replicate_model_fn` can aggregate gradients.
 
@@ -46,6 +77,7 @@ class TowerOptimizer(tf1.train.Optimizer):
     Raises:
       InvalidTypeError: if the argument is neither an optimizer nor callable.
     """
+    _check_not_keras(optimizer_or_optimizer_fn, 'TowerOptimizer got')
     if not isinstance(optimizer_or_optimizer_fn, tf1.train.Optimizer) and (
         not callable(optimizer_or_optimizer_fn)):
       raise errors.InvalidTypeError(
@@ -58,14 +90,31 @@ class TowerOptimizer(tf1.train.Optimizer):
     super(TowerOptimizer, self).__init__(
         use_locking=False, name='TowerOptimizer')
 
+  # contrib kept its per-graph state in this collection; replicate keeps no
+  # state in collections, so it stays empty (the name is for code reading it).
+  COLLECTION_FOR_GRAPH_STATES = 'replicate_model_fn_graph_states'
+
+  @staticmethod
+  def has_been_used():
+    """Whether a `TowerOptimizer` was used in the default graph (as contrib).
+
+    True once any `TowerOptimizer` computed or applied gradients (or was
+    otherwise asked for its wrapped optimizer) while the current default
+    graph was being built.
+    """
+    return tf1.get_default_graph() in _GRAPHS_USED_IN
+
   def _get_optimizer(self):
     """The wrapped optimizer for the current graph (built on first use)."""
+    _GRAPHS_USED_IN.add(tf1.get_default_graph())
     if isinstance(self._optimizer_or_optimizer_fn, tf1.train.Optimizer):
       return self._optimizer_or_optimizer_fn
     graph = tf1.get_default_graph()
     optimizer = self._optimizers_by_graph.get(graph)
     if optimizer is None:
       optimizer = self._optimizer_or_optimizer_fn()
+      _check_not_keras(optimizer, 'The optimizer_fn given to TowerOptimizer '
+                       'returned')
       if not isinstance(optimizer, tf1.train.Optimizer):
         raise errors.InvalidTypeError(
             'The optimizer_fn given to TowerOptimizer must return a '

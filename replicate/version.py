@@ -1,1 +1,2 @@
-__version__ = '0.1.0'
+"""The version of `replicate` (distribution `tf-replicate`); read by setup.py."""
+__version__ = '0.2.0'

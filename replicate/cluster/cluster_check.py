@@ -18,7 +18,7 @@ one of the session's devices.
 import socket
 import time
 
-from absl import logging
+from replicate.core import logs as logging
 
 from replicate import errors
 from replicate._compat import tf1

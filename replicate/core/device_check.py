@@ -7,8 +7,7 @@ the devices a session will really have (`check_devices_exist`), because
 soft placement would otherwise run a tower on a device the session lacks
 silently somewhere else.
 """
-from absl import logging
-import six
+from replicate.core import logs as logging
 
 from replicate import errors
 from replicate import _compat
@@ -42,7 +41,7 @@ def check_device_list(devices):
       names no device type, or two entries (in any spellings) name the same
       device.
   """
-  if isinstance(devices, six.string_types) or not isinstance(
+  if isinstance(devices, str) or not isinstance(
       devices, (list, tuple)):
     raise errors.InvalidTypeError(
         'devices must be a list of device strings such as ["/device:GPU:0", '
@@ -52,7 +51,7 @@ def check_device_list(devices):
         'devices is empty; pass at least one device, or devices=None to use '
         'every local GPU (or the CPU if there is none).')
   for device in devices:
-    if not isinstance(device, six.string_types):
+    if not isinstance(device, str):
       raise errors.InvalidTypeError(
           'Devices must be strings such as "/device:GPU:0", got {!r} of type '
           '{} in devices {!r}.'.format(device, type(device).__name__,

@@ -8,7 +8,6 @@ same device always compare equal. `normalize` keeps only the parts a user
 gave, in TF's spelling, for device scopes whose job and task a cluster fills
 in later; it is never used to compare devices.
 """
-import six
 import tensorflow as tf
 
 from replicate import errors
@@ -39,7 +38,7 @@ def parse(device, what='device'):
     return device
   if isinstance(device, tf.DeviceSpec):  # TF 2's DeviceSpecV2.
     device = device.to_string()
-  if not isinstance(device, six.string_types):
+  if not isinstance(device, str):
     raise errors.InvalidTypeError(
         '{} must be a device string such as "/device:GPU:0", got {!r} of '
         'type {}.'.format(what, device, type(device).__name__))

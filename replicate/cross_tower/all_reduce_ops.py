@@ -3,7 +3,7 @@ cross-tower ops for a set of local devices (`choose_the_best`).
 """
 import enum
 
-from absl import logging
+from replicate.core import logs as logging
 import tensorflow as tf
 
 from replicate.cross_tower import all_reduce

@@ -4,7 +4,7 @@
 devices through packing and a subclass's all-reduce; everything else goes to
 reduction to one device, with one warning per call that says why.
 """
-from absl import logging
+from replicate.core import logs as logging
 import tensorflow as tf
 
 from replicate.cross_tower import cross_tower_base

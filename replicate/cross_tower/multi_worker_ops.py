@@ -9,7 +9,6 @@ at run time.
 import collections
 import threading
 
-import six
 import tensorflow as tf
 
 from replicate.cross_tower import all_reduce
@@ -54,9 +53,9 @@ def parse_all_reduce_spec(all_reduce_spec, num_workers, num_gpus_per_worker):
     InvalidArgumentError: if the spec breaks any rule above.
   """
   spec = all_reduce_spec
-  if isinstance(spec, six.string_types) or (
+  if isinstance(spec, str) or (
       isinstance(spec, tuple) and spec and
-      isinstance(spec[0], six.string_types)):
+      isinstance(spec[0], str)):
     spec = [spec]
   if not isinstance(spec, (list, tuple)) or not spec:
     raise errors.InvalidArgumentError(
@@ -64,7 +63,7 @@ def parse_all_reduce_spec(all_reduce_spec, num_workers, num_gpus_per_worker):
         'list of them, got {!r}.'.format(all_reduce_spec))
   result = []
   for item in spec:
-    if isinstance(item, six.string_types):
+    if isinstance(item, str):
       item = (item,)
     if not isinstance(item, (list, tuple)) or not 1 <= len(item) <= 3:
       raise errors.InvalidArgumentError(
@@ -149,7 +148,7 @@ class MultiWorkerAllReduce(BatchAllReduceBase):
       InvalidTypeError: if a worker device is not a string.
     """
     super(MultiWorkerAllReduce, self).__init__()
-    if isinstance(worker_devices, six.string_types) or not worker_devices:
+    if isinstance(worker_devices, str) or not worker_devices:
       raise errors.InvalidArgumentError(
           'worker_devices must be a non-empty list of worker device strings '
           'such as "/job:worker/task:0", got {!r}.'.format(worker_devices))

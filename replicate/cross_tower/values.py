@@ -4,7 +4,6 @@ A `DistributedValues` maps each of its devices to the value there. Device
 keys are canonicalized once, when the object is built, so any spelling of a
 device (`/gpu:0`, `/device:GPU:0`, fully qualified) finds the same value.
 """
-import six
 
 import tensorflow as tf
 
@@ -237,7 +236,7 @@ def get_devices_from(destinations):
         'PerDevice/Mirrored value or a variable.')
   if isinstance(destinations, DistributedValues):
     return destinations.devices
-  if isinstance(destinations, six.string_types):
+  if isinstance(destinations, str):
     if not destinations:
       raise errors.InvalidArgumentError(
           'destinations is an empty string; pass a device such as '
@@ -250,7 +249,7 @@ def get_devices_from(destinations):
               type(destinations).__name__))
     result = []
     for d in destinations:
-      if not isinstance(d, six.string_types):
+      if not isinstance(d, str):
         raise errors.InvalidArgumentTypeError(
             'A list of destinations must hold device strings, got {!r} of '
             'type {}.'.format(d, type(d).__name__))

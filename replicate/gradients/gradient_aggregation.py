@@ -11,7 +11,7 @@ why they pay off: docs/performance.md.
 """
 import collections
 
-from absl import logging
+from replicate.core import logs as logging
 import tensorflow as tf
 
 from replicate.core import device_util

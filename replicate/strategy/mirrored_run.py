@@ -22,12 +22,13 @@ every other replica is released with an abort signal and joined, and the
 error is raised in the calling thread.
 """
 import contextlib
+import numbers
 import sys
 import threading
 
-from absl import logging
-import six
 import tensorflow as tf
+
+from replicate.core import logs as logging
 
 from replicate.strategy import default_strategy
 from replicate.strategy import distribute_context
@@ -284,7 +285,7 @@ def _all_mean_gradient(op, *grads):
 
 def _is_plain_python(value):
   return value is None or isinstance(
-      value, six.string_types + six.integer_types + (float, bool))
+      value, (str, numbers.Integral, float, bool))
 
 
 def regroup(devices, structures):
@@ -398,7 +399,7 @@ def call_for_each_replica(strategy, devices, fn, args, kwargs, make_creator,
           t.has_paused.wait()
           t.has_paused.clear()
           if t.exc_info is not None:
-            six.reraise(*t.exc_info)
+            raise t.exc_info[1].with_traceback(t.exc_info[2])
         if all(t.done for t in threads):
           break
         if any(t.done for t in threads):

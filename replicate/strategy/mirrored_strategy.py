@@ -449,20 +449,32 @@ class MirroredStrategy(strategy_base.Strategy):
         train_op = strategy.group(strategy.experimental_run(step, iterator))
   """
 
-  def __init__(self, devices=None, cross_tower_ops=None):
+  def __init__(self, devices=None, cross_device_ops=None,
+               cross_tower_ops=None):
     """Builds the strategy.
 
     Args:
       devices: the local devices, one replica each; None for all local GPUs,
         else the CPU.
-      cross_tower_ops: the `CrossTowerOps` combining replicas' values; None
-        for `cross_tower_ops.choose_the_best(devices)`.
+      cross_device_ops: the `CrossTowerOps` (TF 1.14+: `CrossDeviceOps`, the
+        same class) combining replicas' values; None for
+        `cross_tower_ops.choose_the_best(devices)`.
+      cross_tower_ops: contrib's name for `cross_device_ops`; give one of the
+        two.
 
     Raises:
-      InvalidTypeError: if `devices` is not a list of strings, or
-        `cross_tower_ops` is not a `CrossTowerOps`.
-      InvalidArgumentError: if `devices` is empty or repeats a device.
+      InvalidTypeError: if `devices` is not a list of strings, or the
+        cross-device ops are not a `CrossTowerOps`.
+      InvalidArgumentError: if `devices` is empty or repeats a device, or
+        both `cross_device_ops` and `cross_tower_ops` are given.
     """
+    if cross_device_ops is not None and cross_tower_ops is not None:
+      raise errors.InvalidArgumentError(
+          'MirroredStrategy got both cross_device_ops and cross_tower_ops '
+          '(the same argument under its TF 1.14 and contrib names); pass '
+          'one.')
+    if cross_tower_ops is None:
+      cross_tower_ops = cross_device_ops
     devices = _check_devices(_default_devices() if devices is None
                              else devices)
     if cross_tower_ops is not None and not isinstance(

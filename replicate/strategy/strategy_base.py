@@ -189,6 +189,53 @@ class Strategy(object):
     with self.scope():
       return self._extended.call_for_each_replica(fn, args=args, kwargs=kwargs)
 
+  def run(self, fn, args=(), kwargs=None):
+    """Runs `fn(*args, **kwargs)` on each replica (TF 2.x's name).
+
+    The same as `experimental_run_v2`.
+
+    Returns:
+      What `fn` returned, with per-replica leaves.
+
+    Raises:
+      ContextError: as `call_for_each_replica`.
+    """
+    return self.experimental_run_v2(fn, args=args, kwargs=kwargs)
+
+  def colocate_vars_with(self, colocate_with_variable):
+    """A scope placing new variables like `colocate_with_variable`.
+
+    Args:
+      colocate_with_variable: a variable created in this strategy's scope.
+
+    Returns:
+      A context manager.
+
+    Raises:
+      ContextError: inside a replica.
+    """
+    return self._extended.colocate_vars_with(colocate_with_variable)
+
+  def experimental_make_numpy_dataset(self, numpy_input, session=None):
+    """A `tf.data.Dataset` of the rows of in-memory NumPy arrays.
+
+    Batch it and hand it to `make_dataset_iterator` (or use
+    `experimental_make_numpy_iterator`, which does both).
+
+    Args:
+      numpy_input: a nest of NumPy arrays with one first dimension.
+      session: optional `tf.compat.v1.Session`: the arrays are then loaded
+        through variables initialized in it, not embedded as constants.
+
+    Returns:
+      An unbatched `tf.data.Dataset`.
+
+    Raises:
+      InvalidArgumentError: if the arrays have different lengths.
+    """
+    return self._extended.experimental_make_numpy_dataset(numpy_input,
+                                                          session=session)
+
   def reduce(self, reduce_op, value, axis=None):
     """Reduces a per-replica `value` to one tensor (on the host).
 
@@ -316,3 +363,18 @@ class Strategy(object):
 
 
 
+
+
+def get_loss_reduction():
+  """The `ReduceOp` that combines replicas' gradients: always `SUM` here.
+
+  TF returns `SUM` except under an Estimator with a `tf.distribute`
+  strategy, where it reads the last `tf.compat.v1.losses` reduction to decide
+  whether optimizers scale the loss. replicate's strategies never scale the
+  loss in the optimizer: each replica scales its loss to the global batch and
+  gradients are summed (see `MirroredStrategy`), so the answer is `SUM`.
+
+  Returns:
+    `ReduceOp.SUM`.
+  """
+  return ReduceOp.SUM

@@ -8,8 +8,6 @@ subclass implements. `require_cross_replica_or_default_context` and
 import contextlib
 import copy
 
-import six
-
 from replicate.strategy import distribute_context
 from replicate import errors
 from replicate.strategy import input_lib
@@ -67,43 +65,45 @@ def require_cross_replica_or_default_context(extended, method):
           method, context.replica_context.replica_id_in_sync_group))
 
 
-def require_replica_context(replica_context, method):
+def require_replica_context(replica_context, method=None):
   """Raises unless `replica_context` is the current context.
+
+  Public as `distribute_lib.require_replica_context(replica_ctx)`, as in TF.
 
   Args:
     replica_context: a `ReplicaContext`.
-    method: the method's name, for the message.
+    method: the `ReplicaContext` method's name, for the message (None: the
+      public check).
 
   Raises:
-    ContextError: in a cross-replica context, or in another replica's context.
+    ContextError: (a RuntimeError, as TF's) in a cross-replica context, or in
+      another replica's context.
   """
+  what = ('ReplicaContext.' + method if method
+          else 'require_replica_context(replica_ctx)')
   context = distribute_context.innermost()
   if context is None:
     # The default replica context, the bottom of every stack.
     if replica_context.strategy.extended._is_default_strategy():  # pylint: disable=protected-access
       return
     raise errors.ContextError(
-        'ReplicaContext.{} was called outside its replica (no strategy is '
-        'current). Call it from the function given to '
-        'call_for_each_replica.'.format(method))
+        '{} was called outside its replica (no strategy is current). Call '
+        'it from the function given to call_for_each_replica.'.format(what))
   if context.replica_context is replica_context:
     return
   if context.replica_context is None:
     raise errors.ContextError(
-        'ReplicaContext.{} must be called in its replica context, but was '
-        'called in a cross-replica context (a strategy scope or a merge '
-        'function). Call it from the function given to '
-        'call_for_each_replica.'.format(method))
+        '{} must be called in its replica context, but was called in a '
+        'cross-replica context (a strategy scope or a merge function). Call '
+        'it from the function given to call_for_each_replica.'.format(what))
   raise errors.ContextError(
-      'ReplicaContext.{} was called on a replica context that is not the '
-      'current one (current: replica {} of {}, called on: replica {} of {}). '
+      '{} was called on a replica context that is not the current one '
+      '(current: replica {} of {}, called on: replica {} of {}). '
       'Use get_replica_context() for the current one.'.format(
-          method, context.replica_context.replica_id_in_sync_group,
+          what, context.replica_context.replica_id_in_sync_group,
           describe_strategy(context.strategy),
           replica_context.replica_id_in_sync_group,
           describe_strategy(replica_context.strategy)))
-
-
 
 
 class StrategyExtended(object):
@@ -407,6 +407,20 @@ class StrategyExtended(object):
           initial_loop_values)
 
   @property
+  def experimental_require_static_shapes(self):
+    """Whether the strategy needs static shapes (False: no TPU here)."""
+    return False
+
+  def experimental_make_numpy_dataset(self, numpy_input, session=None):
+    """An unbatched `tf.data.Dataset` of the rows of NumPy arrays.
+
+    `session`, if given, loads the arrays through variables initialized in
+    it instead of embedding constants. Raises `InvalidArgumentError` if the
+    arrays have different lengths.
+    """
+    return input_lib.numpy_dataset(numpy_input, session)
+
+  @property
   def experimental_between_graph(self):
     """Whether each worker builds its own graph (False for local strategies)."""
     return False
@@ -470,7 +484,7 @@ class StrategyExtended(object):
 
 def _check_destinations(destinations):
   if destinations is None or (
-      isinstance(destinations, (six.string_types, list, tuple)) and
+      isinstance(destinations, (str, list, tuple)) and
       not destinations):
     raise errors.InvalidArgumentError(
         'destinations is {!r}; name at least one device (a device string, a '
@@ -481,5 +495,3 @@ def _check_destinations(destinations):
 @contextlib.contextmanager
 def null_context():
   yield
-
-

@@ -37,7 +37,7 @@ tower 0 only. `TowerBuild.CALL_PER_TOWER` restores contrib's behaviour.
 """
 import enum
 
-from absl import logging
+from replicate.core import logs as logging
 import tensorflow as tf
 
 from replicate.gradients import gradient_gating

@@ -311,7 +311,7 @@ class AllReduceCrossTowerOpsTest(parameterized.TestCase, tf.test.TestCase):
                                         tf.constant([i]), tf.constant([2, 1]))
         sparse.append(values.PerDevice(index))
       ops = replicate.AllReduceCrossTowerOps('hierarchical_copy', num_packs=1)
-      with self.assertLogs('absl', level='WARNING') as logs:
+      with self.assertLogs('tensorflow', level='WARNING') as logs:
         results = ops.batch_reduce(
             ReduceOp.SUM, [(sparse[0], sparse[0]), (dense[0], dense[0]),
                            (sparse[1], sparse[1])])
@@ -333,7 +333,7 @@ class AllReduceCrossTowerOpsTest(parameterized.TestCase, tf.test.TestCase):
     with tf.Graph().as_default():
       inputs, arrays = lib.make_inputs(_DEVICES[:2], [(3,), (2,)], tf.float32)
       ops = replicate.AllReduceCrossTowerOps('hierarchical_copy')
-      with self.assertLogs('absl', level='WARNING') as logs:
+      with self.assertLogs('tensorflow', level='WARNING') as logs:
         results = ops.batch_reduce(
             ReduceOp.SUM, [(inputs[0], '/cpu:3'), (inputs[1], _DEVICES[1:])])
       self.assertLen(logs.records, 1)
@@ -455,7 +455,7 @@ class ChooseTheBestTest(tf.test.TestCase):
 
   @unittest.skipIf(_compat.local_gpu_devices(), 'GPUs are visible here.')
   def test_invisible_gpus_reduce_to_one_device_with_warning(self):
-    with self.assertLogs('absl', level='WARNING') as logs:
+    with self.assertLogs('tensorflow', level='WARNING') as logs:
       ops = replicate.choose_the_best(['/gpu:0', '/gpu:1'])
     self.assertIsInstance(ops, replicate.ReductionToOneDeviceCrossTowerOps)
     self.assertRegex(logs.output[0], 'GPU:0, .*GPU:1 are not visible')

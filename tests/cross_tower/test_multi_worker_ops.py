@@ -169,7 +169,7 @@ class MultiWorkerAllReduceTest(parameterized.TestCase, tf.test.TestCase):
                                       tf.constant([4, 1]))
       sparse = values.PerDevice(index)
       ops = replicate.MultiWorkerAllReduce(_WORKERS, 0)
-      with self.assertLogs('absl', level='WARNING') as logs:
+      with self.assertLogs('tensorflow', level='WARNING') as logs:
         result = ops.reduce(ReduceOp.SUM, sparse, sparse)
       self.assertLen(logs.records, 1)
       self.assertRegex(logs.output[0], 'IndexedSlices are not all-reduced')
