@@ -326,3 +326,54 @@ def estimator_default_session_configs(run_config):
     if config is not None:
       defaults.append(config)
   return defaults
+
+
+# --- cluster checks (cluster/cluster_check.py) ---
+
+# The Estimator methods (tensorflow_estimator 1.15 and 2.15) whose local
+# `hooks` hold the `StopAtStepHook` that `train(steps=, max_steps=)` adds.
+_TRAIN_METHODS = ('_train_model_default', '_train_model_distributed', 'train')
+_ESTIMATOR_PACKAGES = ('tensorflow_estimator.', 'tensorflow.python.estimator.')
+
+
+def estimator_stop_hooks():
+  """The `StopAtStepHook`s of the `Estimator.train` call building the graph.
+
+  TF has no public way for a `model_fn` (or its hooks) to learn the step
+  training should reach. `Estimator.train` adds a
+  `tf.compat.v1.train.StopAtStepHook(steps, max_steps)` to its local list
+  `hooks`, which it passes to `_train_model_default` /
+  `_train_model_distributed`, which call `model_fn`; this walks the Python
+  call stack (`inspect.currentframe`) for such a frame of a
+  tensorflow_estimator module and returns those hooks.
+
+  Returns:
+    A list of `StopAtStepHook`s; empty outside `Estimator.train` (or if a
+    future tensorflow_estimator renamed its methods).
+  """
+  frame = inspect.currentframe()
+  try:
+    while frame is not None:
+      if (frame.f_code.co_name in _TRAIN_METHODS and
+          frame.f_globals.get('__name__', '').startswith(_ESTIMATOR_PACKAGES)):
+        hooks = frame.f_locals.get('hooks')
+        if isinstance(hooks, (list, tuple)):
+          return [h for h in hooks
+                  if isinstance(h, tf1.train.StopAtStepHook)]
+      frame = frame.f_back
+    return []
+  finally:
+    del frame
+
+
+def stop_hook_last_step(hook):
+  """The global step a `StopAtStepHook` stops at (None before its session).
+
+  `steps=` is turned into a last step when the hook's session is created.
+  """
+  return getattr(hook, '_last_step', None)
+
+
+def session_closed(session):
+  """Whether a `tf.compat.v1.Session` has been closed (private `_closed`)."""
+  return bool(getattr(session, '_closed', False))

@@ -402,8 +402,8 @@ class ClusterCheckTest(tf.test.TestCase):
     start = time.time()
     with self.assertRaisesRegex(
         replicate.errors.UnavailableError,
-        r'/job:ps/task:0 at 127.0.0.1:%d did not accept connections within '
-        r'0.5 s.*check TF_CONFIG' % port):
+        r'within 0.5 s: /job:ps/task:0 at 127.0.0.1:%d did not accept '
+        r'connections.*check TF_CONFIG' % port):
       cluster_check.wait_for_tasks(spec, [('ps', 0)], 0.5)
     self.assertLess(time.time() - start, 5)
 

@@ -1,0 +1,241 @@
+"""Cluster faults end, within their bound, in errors that name the task.
+
+In-process TF servers on 127.0.0.1 and plain sockets standing for programs
+that are not TF servers (or for a task whose process ends). Every wait is
+bounded: `operation_timeout_in_ms`, thread joins, socket timeouts.
+"""
+import json
+import os
+import socket
+import tempfile
+import threading
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import replicate
+from replicate.cluster import cluster_check
+from replicate._compat import tf1
+
+_JOIN_SECS = 60
+_X = (np.arange(16, dtype=np.float32).reshape(8, 2) / 10.).astype(np.float32)
+_Y = _X.sum(axis=1, keepdims=True)
+
+
+def _address():
+  return '127.0.0.1:%d' % replicate.testing.pick_unused_port()
+
+
+class _NotATfServer(object):
+  """A TCP listener that accepts connections and never answers."""
+
+  def __init__(self):
+    self.address = _address()
+    self._socket = socket.socket()
+    self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    self._socket.bind(('127.0.0.1', int(self.address.split(':')[1])))
+    self._socket.listen(16)
+    self._socket.settimeout(0.2)
+    self._connections = []
+    self._closed = threading.Event()
+    self._thread = threading.Thread(target=self._accept, daemon=True)
+    self._thread.start()
+
+  def _accept(self):
+    while not self._closed.is_set():
+      try:
+        self._connections.append(self._socket.accept()[0])
+      except (socket.timeout, OSError):
+        pass
+
+  def close(self):
+    self._closed.set()
+    self._thread.join(5)
+    for connection in self._connections:
+      connection.close()
+    self._socket.close()
+
+
+def _server(cluster, job, num_cpus=2):
+  return tf1.train.Server(tf1.train.ClusterSpec(cluster), job_name=job,
+                          task_index=0,
+                          config=tf1.ConfigProto(device_count={'CPU': num_cpus}))
+
+
+def _run_config(cluster, task_type, **session_kwargs):
+  old = os.environ.get('TF_CONFIG')
+  os.environ['TF_CONFIG'] = json.dumps(
+      {'cluster': cluster, 'task': {'type': task_type, 'index': 0}})
+  try:
+    return tf1.estimator.RunConfig(
+        session_config=tf1.ConfigProto(device_count={'CPU': 2},
+                                       **session_kwargs),
+        save_checkpoints_steps=None, save_checkpoints_secs=None,
+        save_summary_steps=None, log_step_count_steps=None)
+  finally:
+    if old is None:
+      del os.environ['TF_CONFIG']
+    else:
+      os.environ['TF_CONFIG'] = old
+
+
+def _model_fn(features, labels, mode, params, config):
+  predictions = tf1.layers.dense(
+      features, 1, kernel_initializer=tf1.zeros_initializer())
+  loss = tf1.losses.mean_squared_error(labels, predictions)
+  optimizer = tf1.train.GradientDescentOptimizer(0.1)
+  hooks = []
+  if params.get('sync_workers'):
+    optimizer = tf1.train.SyncReplicasOptimizer(
+        optimizer, replicas_to_aggregate=params['sync_workers'],
+        total_num_replicas=params['sync_workers'])
+    hooks.append(optimizer.make_session_run_hook(config.is_chief,
+                                                 num_tokens=0))
+  optimizer = replicate.TowerOptimizer(optimizer)
+  train_op = optimizer.minimize(loss, tf1.train.get_global_step())
+  return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op,
+                                     training_hooks=hooks)
+
+
+def _input_fn(num_batches=None):
+  def input_fn():
+    dataset = tf.data.Dataset.from_tensors((_X, _Y))
+    return dataset.repeat(num_batches)
+  return input_fn
+
+
+def _train(config, result, params=None, **train_kwargs):
+  """Estimator.train in a daemon thread; what it raised goes to `result`."""
+  estimator = tf1.estimator.Estimator(
+      replicate.replicate_model_fn(_model_fn, devices=['/cpu:0', '/cpu:1']),
+      model_dir=tempfile.mkdtemp(), config=config, params=params or {})
+
+  def train():
+    try:
+      estimator.train(**train_kwargs)
+    except Exception as e:  # pylint: disable=broad-except
+      result['error'] = e
+
+  thread = threading.Thread(target=train, daemon=True)
+  thread.start()
+  return thread
+
+
+class NotATfServerTest(tf.test.TestCase):
+
+  def test_wait_for_tasks_probes_tensorflow(self):
+    fake = _NotATfServer()
+    try:
+      spec = tf1.train.ClusterSpec({'ps': [fake.address]})
+      start = time.time()
+      with self.assertRaisesRegex(
+          replicate.errors.UnavailableError,
+          r'/job:ps/task:0 at %s accepts connections but did not answer as '
+          r'a TensorFlow server' % fake.address):
+        cluster_check.wait_for_tasks(spec, [('ps', 0)], 1.0)
+      self.assertLess(time.time() - start, 10)
+    finally:
+      fake.close()
+
+  def test_real_server_passes(self):
+    cluster = {'ps': [_address()]}
+    _server(cluster, 'ps', num_cpus=1)
+    cluster_check.wait_for_tasks(tf1.train.ClusterSpec(cluster),
+                                 [('ps', 0)], 10.0)
+
+  def test_estimator_fails_naming_task_and_address(self):
+    # Before: the hook saw the port accept TCP and passed; the chief then
+    # ended with DeadlineExceeded naming neither the task nor the address.
+    fake = _NotATfServer()
+    try:
+      cluster = {'ps': [fake.address], 'chief': [_address()]}
+      _server(cluster, 'chief')
+      result = {}
+      start = time.time()
+      thread = _train(_run_config(cluster, 'chief',
+                                  operation_timeout_in_ms=2000), result,
+                      input_fn=_input_fn(), max_steps=2)
+      thread.join(_JOIN_SECS)
+      self.assertFalse(thread.is_alive())
+      self.assertIsInstance(result.get('error'),
+                            replicate.errors.UnavailableError)
+      self.assertRegex(
+          str(result['error']),
+          r'/job:ps/task:0 at %s accepts connections but did not answer as a '
+          r'TensorFlow server' % fake.address)
+      self.assertIn('within 2 s', str(result['error']))
+      self.assertLess(time.time() - start, 30)
+    finally:
+      fake.close()
+
+
+class EndedEarlyTest(tf.test.TestCase):
+
+  def _train_chief_only(self, **train_kwargs):
+    # A cluster of one task runs locally: add a ps (variables go there).
+    cluster = {'ps': [_address()], 'chief': [_address()]}
+    _server(cluster, 'ps', num_cpus=1)
+    _server(cluster, 'chief')
+    result = {}
+    thread = _train(_run_config(cluster, 'chief',
+                                operation_timeout_in_ms=10000), result,
+                    **train_kwargs)
+    thread.join(_JOIN_SECS)
+    self.assertFalse(thread.is_alive())
+    self.assertNotIn('error', result)
+
+  def test_train_that_returns_below_its_target_logs_an_error(self):
+    # An OutOfRangeError ends MonitoredSession quietly: here the input runs
+    # out at step 3 of 10; a queue closed by a restarted ps does the same.
+    with self.assertLogs(level='ERROR') as logs:
+      self._train_chief_only(input_fn=_input_fn(3), max_steps=10)
+    self.assertRegex('\n'.join(logs.output),
+                     'Training ended at global_step 3, before its target '
+                     'step 10.*NOT trained to step 10')
+
+  def test_relative_steps_target(self):
+    with self.assertLogs(level='ERROR') as logs:
+      self._train_chief_only(input_fn=_input_fn(2), steps=5)
+    self.assertRegex('\n'.join(logs.output),
+                     'Training ended at global_step 2, before its target '
+                     'step 5')
+
+  def test_finished_training_logs_no_error(self):
+    with self.assertLogs(level='INFO') as logs:
+      self._train_chief_only(input_fn=_input_fn(), max_steps=3)
+    self.assertNotRegex('\n'.join(logs.output), 'Training ended at')
+
+
+class LostTaskTest(tf.test.TestCase):
+
+  def test_lost_worker_is_named(self):
+    # The worker's process ends (here: a plain socket closes) while the
+    # chief waits for its gradients: TF's DeadlineExceededError names no
+    # task; the watcher logs which one was lost.
+    worker = _NotATfServer()
+    cluster = {'ps': [_address()], 'chief': [_address()],
+               'worker': [worker.address]}
+    _server(cluster, 'ps', num_cpus=1)
+    _server(cluster, 'chief')
+    result = {}
+    start = time.time()
+    with self.assertLogs(level='ERROR') as logs:
+      thread = _train(
+          _run_config(cluster, 'chief', operation_timeout_in_ms=6000,
+                      device_filters=['/job:ps', '/job:chief']),
+          result, params={'sync_workers': 2}, input_fn=_input_fn(),
+          max_steps=3)
+      time.sleep(3)
+      worker.close()
+      thread.join(_JOIN_SECS)
+    self.assertFalse(thread.is_alive())
+    self.assertIsInstance(result.get('error'), tf.errors.DeadlineExceededError)
+    self.assertRegex('\n'.join(logs.output),
+                     'Cluster task /job:worker/task:0 at %s stopped accepting '
+                     'connections' % worker.address)
+    self.assertLess(time.time() - start, 45)
+
+
+if __name__ == '__main__':
+  tf.test.main()
