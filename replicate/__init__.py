@@ -77,6 +77,13 @@ from replicate.tower_optimizer import TowerOptimizer
 from replicate.towers.tower_context import TowerContext
 from replicate.towers.tower_context import get_tower_context
 
+# Gradient compression and the performance knobs.
+from replicate.core.compression import Compression
+from replicate.core.tuning import Tuning
+from replicate.core.tuning import get_tuning
+from replicate.core.tuning import set_tuning
+from replicate.core.tuning import tuning_scope
+
 # Multi-worker: between-graph training with parameter servers.
 from replicate.cluster.placement import GreedyLoadBalancingStrategy
 from replicate.cluster.placement import byte_size_load_fn
@@ -131,6 +138,8 @@ __all__ = [
     # replicate_model_fn and its towers.
     'replicate_model_fn', 'TowerOptimizer', 'TowerBuild', 'TowerContext',
     'VariablePlacement', 'get_tower_context',
+    # Gradient compression and the performance knobs.
+    'Compression', 'Tuning', 'get_tuning', 'set_tuning', 'tuning_scope',
     # Between-graph placement.
     'GreedyLoadBalancingStrategy', 'byte_size_load_fn',
     # Cross-device reductions and values.

@@ -17,6 +17,9 @@ from replicate.towers import tower_cloning
 from replicate.towers import tower_collections
 from replicate.towers import tower_context
 from replicate._compat import tf1
+from replicate.core import compression as compression_lib
+from replicate.core.checks import check_int
+from replicate.gradients import accumulation
 from replicate.strategy import default_strategy
 
 
@@ -65,7 +68,8 @@ class TowerOptimizer(tf1.train.Optimizer):
   in the same order.
   """
 
-  def __init__(self, optimizer_or_optimizer_fn):
+  def __init__(self, optimizer_or_optimizer_fn, accumulation_steps=1,
+               compression=None):
     """Wraps an optimizer, or a function that builds one.
 
     Args:
@@ -73,9 +77,22 @@ class TowerOptimizer(tf1.train.Optimizer):
         `SyncReplicasOptimizer`), or a function with no arguments returning
         one. A function is called lazily, once per graph, so that tensors it
         creates (e.g. a decayed learning rate) live in the graph being built.
+      accumulation_steps: apply once every this many steps (runs of the train
+        op) the gradients summed over them: scaled by `1 / accumulation_steps`
+        (a loss averaged over the batch, `replicate_model_fn`'s default),
+        unscaled under `loss_reduction=SUM`. The global step advances once per
+        update, so `Estimator.train(steps=n)` makes n updates of
+        `accumulation_steps` batches each. Not inside `MirroredStrategy`
+        replicas. See `gradients/accumulation.py`.
+      compression: `replicate.Compression.fp16` sends each tower's (or
+        replica's) gradients across devices as float16 and casts the sums back
+        (Horovod's semantics); None or `Compression.none`: as they are.
 
     Raises:
-      InvalidTypeError: if the argument is neither an optimizer nor callable.
+      InvalidTypeError: if the optimizer is neither an optimizer nor callable,
+        `accumulation_steps` is not an integer, or `compression` is not a
+        `replicate.Compression` compressor.
+      InvalidArgumentError: if `accumulation_steps` is below 1.
     """
     _check_not_keras(optimizer_or_optimizer_fn, 'TowerOptimizer got')
     if not isinstance(optimizer_or_optimizer_fn, tf1.train.Optimizer) and (
@@ -85,7 +102,17 @@ class TowerOptimizer(tf1.train.Optimizer):
           'with no arguments that returns one, got {!r} of type {}.'.format(
               optimizer_or_optimizer_fn,
               type(optimizer_or_optimizer_fn).__name__))
+    check_int('accumulation_steps', accumulation_steps, 1)
+    if compression is not None and not compression_lib.is_compressor(
+        compression):
+      raise errors.InvalidTypeError(
+          'compression must be replicate.Compression.fp16 or '
+          'replicate.Compression.none (or None), got {!r}.'.format(
+              compression))
     self._optimizer_or_optimizer_fn = optimizer_or_optimizer_fn
+    self._accumulation_steps = accumulation_steps
+    self._compression = (None if compression is compression_lib.Compression.none
+                         else compression)
     self._optimizers_by_graph = weakref.WeakKeyDictionary()
     super(TowerOptimizer, self).__init__(
         use_locking=False, name='TowerOptimizer')
@@ -270,11 +297,16 @@ class TowerOptimizer(tf1.train.Optimizer):
     if replication is None and replica is not None:
       # Inside call_for_each_replica of a MirroredStrategy: the replica
       # context sums over replicas and updates every mirrored copy.
+      if self._accumulation_steps > 1:
+        raise errors.InvalidArgumentError(
+            'accumulation_steps={} is not supported inside MirroredStrategy '
+            'replicas; accumulate with replicate_model_fn, or use a larger '
+            'batch.'.format(self._accumulation_steps))
       return replica._apply_gradients(  # pylint: disable=protected-access
-          optimizer, grads_and_vars, global_step, name)
+          optimizer, grads_and_vars, global_step, name, self._compression)
     if replication is None or replication.num_towers == 1:
-      return optimizer.apply_gradients(
-          grads_and_vars, global_step=global_step, name=name)
+      return self._apply(optimizer, list(grads_and_vars), global_step, name,
+                         replication)
     grads_and_vars = list(grads_and_vars)
     call_index = replication.record_optimizer_call(optimizer.get_name(),
                                                    grads_and_vars)
@@ -310,10 +342,9 @@ class TowerOptimizer(tf1.train.Optimizer):
       with tf1.variable_scope(var_scope, auxiliary_name_scope=False):
         with tf1.name_scope(name_scope):
           with tf1.name_scope('gradient_aggregation'):
-            summed = gradient_aggregation.sum_gradients_by_variable(
-                tower_grads, raw_gradients=replication.raw_gradients)
-          return optimizer.apply_gradients(
-              summed, global_step=global_step, name=name)
+            summed = self._sum(tower_grads, replication.raw_gradients)
+          return self._apply(optimizer, summed, global_step, name,
+                             replication)
 
     if replication.cloner is None:
       return apply()
@@ -324,6 +355,39 @@ class TowerOptimizer(tf1.train.Optimizer):
                                                        apply)
     replication.cloner.share(created)
     return train_op
+
+  def _sum(self, tower_grads, raw_gradients):
+    """Each variable's gradients summed over towers, compressed in transit."""
+    if self._compression is None:
+      return gradient_aggregation.sum_gradients_by_variable(
+          tower_grads, raw_gradients=raw_gradients)
+    contexts = {}
+    compressed = []
+    for grads_and_vars in tower_grads:
+      pairs = []
+      for grad, var in grads_and_vars:
+        if grad is not None:
+          grad, contexts[id(var)] = self._compression.compress(grad)
+        pairs.append((grad, var))
+      compressed.append(pairs)
+    # The compressed tensors are no MatMul outputs: nothing is fused.
+    summed = gradient_aggregation.sum_gradients_by_variable(compressed)
+    return [(self._compression.decompress(grad, contexts[id(var)]), var)
+            for grad, var in summed]
+
+  def _apply(self, optimizer, grads_and_vars, global_step, name, replication):
+    """`optimizer.apply_gradients`, every `accumulation_steps` runs."""
+    if self._accumulation_steps == 1:
+      return optimizer.apply_gradients(grads_and_vars,
+                                       global_step=global_step, name=name)
+    scale = 1.0 / self._accumulation_steps
+    if (replication is not None and
+        replication.loss_reduction == tf1.losses.Reduction.SUM):
+      scale = 1.0  # The sum over a k-times larger batch is the sum of sums.
+    return accumulation.apply_accumulated(
+        lambda pairs, step, op_name: optimizer.apply_gradients(
+            pairs, global_step=step, name=op_name),
+        grads_and_vars, self._accumulation_steps, scale, global_step, name)
 
   # Everything below passes straight through to the wrapped optimizer.
 

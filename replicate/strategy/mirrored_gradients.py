@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from replicate import errors
 from replicate._compat import tf1
+from replicate.core.compression import Compression
 from replicate.core.reduce_util import ReduceOp
 from replicate.cross_tower import cross_tower_base
 from replicate.cross_tower import values as values_lib
@@ -22,7 +23,8 @@ from replicate.strategy.mirrored_values import MirroredVariable
 
 
 def apply_gradients_across_replicas(optimizer, grads_and_vars,
-                                    global_step=None, name=None):
+                                    global_step=None, name=None,
+                                    compression=None):
   """Sums each variable's gradient over replicas and updates every copy.
 
   Call it inside `call_for_each_replica` of a `MirroredStrategy`, once per
@@ -46,6 +48,9 @@ def apply_gradients_across_replicas(optimizer, grads_and_vars,
     global_step: optional variable incremented once per step, after the
       updates.
     name: optional name of the returned op.
+    compression: optional compressor (`replicate.Compression.fp16`): each
+      replica's gradients are compressed on its device before the
+      reduction and decompressed after it (no fused sums then).
 
   Returns:
     The op applying the update (the same op on every replica).
@@ -63,14 +68,34 @@ def apply_gradients_across_replicas(optimizer, grads_and_vars,
         'cross-replica context call optimizer.apply_gradients on reduced '
         'gradients instead.')
   grads_and_vars = [tuple(pair) for pair in grads_and_vars]
-  raws = _ReplicaRawGradients(
-      [replica._raw_gradient(g) for g, _ in grads_and_vars])  # pylint: disable=protected-access
+  contexts = None
+  if compression is not None and compression is not Compression.none:
+    compressed = [compression.compress(g) if g is not None else (None, None)
+                  for g, _ in grads_and_vars]
+    grads_and_vars = [(c, v) for (c, _), (_, v) in
+                      zip(compressed, grads_and_vars)]
+    contexts = _Contexts(compression, [context for _, context in compressed])
+    raws = None
+  else:
+    raws = _ReplicaRawGradients(
+        [replica._raw_gradient(g) for g, _ in grads_and_vars])  # pylint: disable=protected-access
   # The optimizer travels in the merge function, not its arguments: replicas
   # may each have built their own optimizer object (e.g. a model_fn called
   # per replica); the first replica's one applies the update, as in TF.
   return replica.merge_call(
       functools.partial(_apply_merged, optimizer=optimizer),
-      args=(grads_and_vars, global_step, name, raws))
+      args=(grads_and_vars, global_step, name, raws, contexts))
+
+
+class _Contexts(object):
+  """A compressor and what it needs to decompress each gradient.
+
+  A plain object, so that `merge_call` hands it over whole.
+  """
+
+  def __init__(self, compressor, contexts):
+    self.compressor = compressor
+    self.contexts = contexts
 
 
 class _ReplicaRawGradients(object):
@@ -120,7 +145,14 @@ def _fused_sums(strategy, grads_and_vars, raws):
   return fused
 
 
-def _apply_merged(strategy, grads_and_vars, global_step, name, raws,
+def _first_replica(value):
+  """One replica's component of a merge argument (all replicas' are alike)."""
+  if isinstance(value, values_lib.PerReplica):
+    return value.values[0]
+  return value
+
+
+def _apply_merged(strategy, grads_and_vars, global_step, name, raws, contexts,
                   optimizer):
   pairs = [(g, v) for g, v in grads_and_vars if g is not None]
   if not pairs:
@@ -139,12 +171,17 @@ def _apply_merged(strategy, grads_and_vars, global_step, name, raws,
   reduced_rest = iter(strategy.extended.batch_reduce_to(ReduceOp.SUM, rest)
                       if rest else [])
   per_copy = []
+  contexts = _first_replica(contexts)
   for index, (g, v) in enumerate(grads_and_vars):
     if g is None:
       continue
     reduced = fused[index] if index in fused else next(reduced_rest)
     for device, copy in zip(v.devices, v.values):
-      per_copy.append((reduced.get(device), copy))
+      value = reduced.get(device)
+      if contexts is not None:
+        value = contexts.compressor.decompress(value,
+                                               contexts.contexts[index])
+      per_copy.append((value, copy))
   with distribute_context.unmirrored_variables():
     apply_op = optimizer.apply_gradients(
         per_copy, name=name if global_step is None else None)

@@ -175,9 +175,11 @@ class MirroredReplicaContext(replica_context.ReplicaContext):
   def _record_raw_gradients(self, raw_gradients):
     self._raw_gradients.update(raw_gradients)
 
-  def _apply_gradients(self, optimizer, grads_and_vars, global_step, name):
+  def _apply_gradients(self, optimizer, grads_and_vars, global_step, name,
+                       compression=None):
     return mirrored_gradients.apply_gradients_across_replicas(
-        optimizer, grads_and_vars, global_step=global_step, name=name)
+        optimizer, grads_and_vars, global_step=global_step, name=name,
+        compression=compression)
 
   def _raw_gradient(self, gradient):
     """The `RawGradient` recorded for `gradient` in this replica, or None."""

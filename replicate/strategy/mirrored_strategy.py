@@ -1,40 +1,13 @@
 """`MirroredStrategy`: synchronous data parallelism over the local devices.
 
 Every variable created in the strategy's scope is mirrored (one copy per
-device). `call_for_each_replica` builds the replica function once per device
-(see `mirrored_run`); `reduce_to` / `batch_reduce_to` combine per-replica
-values through a `CrossTowerOps` (by default `choose_the_best(devices)`).
-
-Loss rule (as in TF 1.14): each replica scales its loss to the *global*
-batch (e.g. divides its summed loss by the global batch size); gradients are
-then summed across replicas, never averaged a second time.
-
-Optimizers: inside a replica, wrap the optimizer in `replicate.TowerOptimizer`
-(or call `mirrored_gradients.apply_gradients_across_replicas`); it sums
-gradients across
-replicas and updates every copy. A bare `tf.compat.v1` optimizer would update
-only the replica's own copy, so building such an update raises.
-
-Variables created with `synchronization=ON_READ` (batch normalization's
-moving statistics) are `SyncOnReadVariable`s: a replica reads and writes its
-own copy, a cross-replica read combines the copies by their `aggregation`
-(sync_on_read.py). A mirrored variable assigned inside a replica is updated
-on every copy, in a `merge_call`, with the replicas' values combined by its
-`aggregation` (SUM, MEAN or ONLY_FIRST_REPLICA; NONE is refused, as in TF).
-
-Replicas on CPU devices build the input gradient of a `MatMul` with a large
-weight transpose-free, as `replicate_model_fn`'s CPU towers do
-(matmul_gradient.py); with `TowerOptimizer` and the default cross-tower ops,
-a large `MatMul` weight gradient of CPU replicas is summed as one product of
-the replicas' inputs (gradient_aggregation.fused_matmul_sum). Both equal
-TF's within float rounding.
-
-Limits: graph mode only (TF 1.x graphs, or `tf.Graph().as_default()` on TF
-2.x); `tf.compat.v1.metrics` combine their ON_READ variables through
-`tf.distribute`'s own replica context, so their variables stay mirrored and
-metrics are built outside the replicas; `synchronization=NONE` is an error,
-as in TF. As in TF, the merge function of a `merge_call` builds its ops
-under every replica's open control dependencies.
+device; `synchronization=ON_READ` variables are `SyncOnReadVariable`s).
+`call_for_each_replica` builds the replica function once per device
+(`mirrored_run`); `reduce_to` / `batch_reduce_to` combine per-replica values
+through a `CrossTowerOps` (by default `choose_the_best(devices)`). As in TF
+1.14, each replica scales its loss to the global batch and gradients are
+summed across replicas (`mirrored_gradients`). Graph mode only. Semantics
+and differences from TF: docs/mirrored_strategy.md.
 """
 import functools
 import weakref

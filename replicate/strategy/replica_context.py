@@ -135,8 +135,14 @@ class ReplicaContext(object):
     """Keeps the `gradient_gating.RawGradient`s gated in this replica."""
     del raw_gradients  # Nothing to fuse with a single replica.
 
-  def _apply_gradients(self, optimizer, grads_and_vars, global_step, name):
-    """Applies this replica's share of a step's gradients with `optimizer`."""
+  def _apply_gradients(self, optimizer, grads_and_vars, global_step, name,
+                       compression=None):
+    """Applies this replica's share of a step's gradients with `optimizer`.
+
+    `compression` (a `Compression` compressor) applies to what crosses
+    devices; with one replica nothing does.
+    """
+    del compression  # Nothing crosses devices.
     return optimizer.apply_gradients(grads_and_vars, global_step=global_step,
                                      name=name)
 
