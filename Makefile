@@ -15,7 +15,7 @@ VENV_TF1 := .venv/tf1
 VENV_TF2 := .venv/tf2
 PYTEST_ARGS ?= -q -p no:cacheprovider
 
-.PHONY: demo test test-tf1 test-tf2 lint bench venv-tf1 venv-tf2 clean
+.PHONY: demo test test-tf1 test-tf2 lint bench sdist venv-tf1 venv-tf2 clean
 
 demo: $(VENV_TF1)/.installed
 	$(VENV_TF1)/bin/python examples/digits_demo.py $(DEMO_ARGS)
@@ -60,6 +60,12 @@ $(VENV_TF2)/.installed: setup.py
 	$(VENV_TF2)/bin/python -m pip install -q --upgrade pip setuptools wheel
 	$(VENV_TF2)/bin/python -m pip install -q -e '.[tf2,test,demo]'
 	touch $@
+
+# The source distribution (tf-replicate) in dist/, then the check of its
+# file list and metadata (tests/test_packaging.py).
+sdist: $(VENV_TF2)/.installed
+	$(VENV_TF2)/bin/python setup.py -q sdist --dist-dir dist
+	$(VENV_TF2)/bin/python -m pytest tests/test_packaging.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf .venv build dist *.egg-info
