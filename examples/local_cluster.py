@@ -40,6 +40,11 @@ sys.path.insert(0, os.path.dirname(_HERE))  # Run from a source checkout.
 _NUM_CPUS = 2
 _BATCH_PER_WORKER = 8  # 4 rows per tower.
 _LEARNING_RATE = 0.05
+# Bounds every blocking op and every wait for another task.
+_OPERATION_TIMEOUT_MS = 10000
+# How long a worker waits for the chief to start and initialize the model
+# (the chief's process imports TensorFlow first).
+_CHIEF_START_SECS = 120
 
 
 def _parse_args():
@@ -265,22 +270,30 @@ def _input_fn(tf, worker_index, num_workers):
   return input_fn
 
 
-def _wait_for_chief(tf, tf1, server, task, deadline):
+def _wait_for_chief(tf, tf1, cluster, deadline):
   """Waits until the chief has initialized the model on the ps.
 
   A non-chief worker that finds the model uninitialized sleeps 30 s before
   looking again (tf1.train.SessionManager's recovery_wait_secs); waiting
-  here first saves that on a short run.
+  here first saves that on a short run. Every wait is bounded by the
+  operation timeout: TF does not bound the creation of a session on a ps
+  that is down or whose port another program holds, so the ps is first
+  checked to answer as a TF server (a clear error naming it otherwise); the
+  session then lives on the ps itself, and each of its runs is bounded by
+  operation_timeout_in_ms.
   """
+  import replicate  # pylint: disable=g-import-not-at-top
+  spec = tf1.train.ClusterSpec(cluster)
+  replicate.multi_worker.wait_for_tasks(spec, [('ps', 0)],
+                                        _OPERATION_TIMEOUT_MS / 1000.)
   with tf.Graph().as_default():
     with tf1.device('/job:ps/task:0'):
       step = tf1.get_variable('global_step', [], tf.int64, trainable=False)
       ready = tf1.is_variable_initialized(step)
-    config = tf1.ConfigProto(
-        operation_timeout_in_ms=10000,
-        device_filters=['/job:ps', '/job:%s/task:%d' % (
-            task['type'], task['index'])])
-    with tf1.Session(server.target, config=config) as sess:
+    config = tf1.ConfigProto(operation_timeout_in_ms=_OPERATION_TIMEOUT_MS,
+                             device_filters=['/job:ps/task:0'])
+    with tf1.Session('grpc://' + spec.task_address('ps', 0),
+                     config=config) as sess:
       while not sess.run(ready):
         if time.time() > deadline:
           raise RuntimeError('The chief did not initialize the model in time.')
@@ -289,18 +302,22 @@ def _wait_for_chief(tf, tf1, server, task, deadline):
 
 def _train(args, tf, tf1, server, task, deadline):
   """Trains this task's share: Estimator.train, RunConfig reads TF_CONFIG."""
+  del server  # The caller keeps it serving this task.
   out_path = os.path.join(args.out_dir, task['type'] + '.json')
   session_config = tf1.ConfigProto(
       device_count={'CPU': _NUM_CPUS},
       # Bounds every blocking op (a lost worker fails, never hangs), the wait
       # for the cluster at start, and the chief's final wait for gradients
       # that no longer come (SyncReplicasOptimizer's queue runner).
-      operation_timeout_in_ms=10000,
+      operation_timeout_in_ms=_OPERATION_TIMEOUT_MS,
       device_filters=['/job:ps', '/job:%s/task:%d' % (task['type'],
                                                         task['index'])])
   config = tf1.estimator.RunConfig(
       session_config=session_config, save_checkpoints_steps=None,
-      save_checkpoints_secs=None, log_step_count_steps=None)
+      save_checkpoints_secs=None, log_step_count_steps=None,
+      # Bounds the wait of a non-chief worker's session for the chief's
+      # initialization (TF's default: 2 hours).
+      session_creation_timeout_secs=_CHIEF_START_SECS)
   print('%s: master %s, %d ps, %d workers, chief: %s' % (
       task['type'], config.master, config.num_ps_replicas,
       config.num_worker_replicas, config.is_chief), flush=True)
@@ -309,7 +326,8 @@ def _train(args, tf, tf1, server, task, deadline):
       model_dir=os.path.join(args.out_dir, 'model'),
       params={'num_workers': config.num_worker_replicas})
   if not config.is_chief:
-    _wait_for_chief(tf, tf1, server, task, deadline)
+    _wait_for_chief(tf, tf1, json.loads(os.environ['TF_CONFIG'])['cluster'],
+                    min(deadline, time.time() + _CHIEF_START_SECS))
   worker_index = 0 if config.is_chief else 1 + config.task_id
   estimator.train(
       _input_fn(tf, worker_index, config.num_worker_replicas),
@@ -321,7 +339,13 @@ def _train(args, tf, tf1, server, task, deadline):
 def main():
   args = _parse_args()
   if args.child:
-    code = _child(args)
+    try:
+      code = _child(args)
+    except Exception as e:  # pylint: disable=broad-except
+      print('%s: FAILED: %s: %s' % (
+          json.loads(os.environ['TF_CONFIG'])['task']['type'],
+          type(e).__name__, e), flush=True)
+      code = 1
     sys.stdout.flush()
     sys.stderr.flush()
     # A TF server cannot be stopped; skip the interpreter teardown, where

@@ -17,10 +17,14 @@ Two ways to run `MirroredStrategy` over several workers:
   must start from the same values (deterministic or seeded initializers, or a
   checkpoint).
 
-These helpers only compute names and protos; they build no ops.
+These helpers compute names and protos and build no ops, except
+`wait_for_tasks`, which waits (for a bounded time) until tasks of a cluster
+answer as TensorFlow servers, as `replicate_model_fn`'s `ClusterCheckHook`
+does before a training session is created.
 """
 
 from replicate import errors
+from replicate.cluster import cluster_check
 from replicate._compat import tf1
 
 
@@ -132,3 +136,39 @@ def collective_config(cluster_spec, job, task_id, config=None):
   del result.device_filters[:]
   result.device_filters.append('/job:{}/task:{}'.format(job, task_id))
   return result
+
+
+def wait_for_tasks(cluster_spec, tasks, timeout_secs):
+  """Waits until tasks of a cluster answer as TF servers, or raises.
+
+  A task answers when its port accepts connections and a TensorFlow session
+  on it lists its devices, so a task that is down, a wrong port, and another
+  program on the port all fail, each by the deadline. Use it before a raw
+  session on a remote task, whose creation TF does not bound (e.g. a
+  worker that waits for the chief's initialization on the ps, as
+  examples/local_cluster.py does).
+
+  Args:
+    cluster_spec: a `tf.compat.v1.train.ClusterSpec`.
+    tasks: `(job, task_index)` pairs, e.g. `[('ps', 0)]`.
+    timeout_secs: how long to wait in all, e.g.
+      `session_config.operation_timeout_in_ms / 1000`.
+
+  Raises:
+    InvalidTypeError: if `cluster_spec` is not a `ClusterSpec`.
+    InvalidArgumentError: if a task is not in the cluster, or
+      `timeout_secs` is not a positive number.
+    UnavailableError: naming each task that did not answer by the deadline,
+      its address and what went wrong.
+  """
+  for job, index in tasks:
+    if index not in _check_job(cluster_spec, job):
+      raise errors.InvalidArgumentError(
+          'Task {!r} of job {!r} is not in the cluster (its tasks are '
+          '{}).'.format(index, job, list(cluster_spec.task_indices(job))))
+  if (isinstance(timeout_secs, bool) or
+      not isinstance(timeout_secs, (int, float)) or timeout_secs <= 0):
+    raise errors.InvalidArgumentError(
+        'timeout_secs must be a positive number of seconds, got {!r}.'.format(
+            timeout_secs))
+  cluster_check.wait_for_tasks(cluster_spec, list(tasks), timeout_secs)

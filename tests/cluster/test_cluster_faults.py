@@ -7,6 +7,8 @@ bounded: `operation_timeout_in_ms`, thread joins, socket timeouts.
 import json
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -19,6 +21,8 @@ from replicate.cluster import cluster_check
 from replicate._compat import tf1
 
 _JOIN_SECS = 60
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 _X = (np.arange(16, dtype=np.float32).reshape(8, 2) / 10.).astype(np.float32)
 _Y = _X.sum(axis=1, keepdims=True)
 
@@ -141,8 +145,21 @@ class NotATfServerTest(tf.test.TestCase):
   def test_real_server_passes(self):
     cluster = {'ps': [_address()]}
     _server(cluster, 'ps', num_cpus=1)
-    cluster_check.wait_for_tasks(tf1.train.ClusterSpec(cluster),
-                                 [('ps', 0)], 10.0)
+    spec = tf1.train.ClusterSpec(cluster)
+    cluster_check.wait_for_tasks(spec, [('ps', 0)], 10.0)
+    replicate.multi_worker.wait_for_tasks(spec, [('ps', 0)], 10)
+
+  def test_public_wait_for_tasks_arguments(self):
+    spec = tf1.train.ClusterSpec({'ps': ['127.0.0.1:1']})
+    with self.assertRaisesRegex(replicate.errors.InvalidArgumentError,
+                                'Task 1 of job .ps. is not in the cluster'):
+      replicate.multi_worker.wait_for_tasks(spec, [('ps', 1)], 1)
+    with self.assertRaisesRegex(replicate.errors.InvalidArgumentError,
+                                "Job 'worker' is not in the cluster"):
+      replicate.multi_worker.wait_for_tasks(spec, [('worker', 0)], 1)
+    with self.assertRaisesRegex(replicate.errors.InvalidArgumentError,
+                                'timeout_secs must be a positive number'):
+      replicate.multi_worker.wait_for_tasks(spec, [('ps', 0)], 0)
 
   def test_estimator_fails_naming_task_and_address(self):
     # Before: the hook saw the port accept TCP and passed; the chief then
@@ -235,6 +252,37 @@ class LostTaskTest(tf.test.TestCase):
                      'Cluster task /job:worker/task:0 at %s stopped accepting '
                      'connections' % worker.address)
     self.assertLess(time.time() - start, 45)
+
+
+class ExampleStartUpTest(tf.test.TestCase):
+  """examples/local_cluster.py's non-chief worker, with its ps port taken."""
+
+  def test_worker_fails_within_the_operation_timeout(self):
+    # Before: it blocked in a raw session on the ps until its 240 s watchdog.
+    fake = _NotATfServer()
+    try:
+      cluster = {'ps': [fake.address], 'chief': [_address()],
+                 'worker': [_address()]}
+      env = dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL='2',
+                 TF_CONFIG=json.dumps({'cluster': cluster,
+                                       'task': {'type': 'worker',
+                                                'index': 0}}))
+      start = time.time()
+      result = subprocess.run(
+          [sys.executable, os.path.join(_ROOT, 'examples', 'local_cluster.py'),
+           '--child', '--steps', '3', '--out_dir', tempfile.mkdtemp(),
+           '--timeout_secs', '240'],
+          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+          timeout=90, check=False)
+      elapsed = time.time() - start
+    finally:
+      fake.close()
+    output = result.stdout.decode('utf-8', 'replace')
+    self.assertEqual(1, result.returncode, output[-3000:])
+    self.assertRegex(output, r'worker: FAILED: UnavailableError: .*/job:ps/'
+                     r'task:0 at %s accepts connections but did not answer '
+                     r'as a TensorFlow server' % fake.address)
+    self.assertLess(elapsed, 60, output[-3000:])
 
 
 if __name__ == '__main__':
