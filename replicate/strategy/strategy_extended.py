@@ -65,13 +65,13 @@ def require_cross_replica_or_default_context(extended, method):
           method, context.replica_context.replica_id_in_sync_group))
 
 
-def require_replica_context(replica_context, method=None):
-  """Raises unless `replica_context` is the current context.
+def require_replica_context(replica_ctx, method=None):
+  """Raises unless `replica_ctx` is the current context.
 
   Public as `distribute_lib.require_replica_context(replica_ctx)`, as in TF.
 
   Args:
-    replica_context: a `ReplicaContext`.
+    replica_ctx: a `ReplicaContext`.
     method: the `ReplicaContext` method's name, for the message (None: the
       public check).
 
@@ -84,12 +84,12 @@ def require_replica_context(replica_context, method=None):
   context = distribute_context.innermost()
   if context is None:
     # The default replica context, the bottom of every stack.
-    if replica_context.strategy.extended._is_default_strategy():  # pylint: disable=protected-access
+    if replica_ctx.strategy.extended._is_default_strategy():  # pylint: disable=protected-access
       return
     raise errors.ContextError(
         '{} was called outside its replica (no strategy is current). Call '
         'it from the function given to call_for_each_replica.'.format(what))
-  if context.replica_context is replica_context:
+  if context.replica_context is replica_ctx:
     return
   if context.replica_context is None:
     raise errors.ContextError(
@@ -102,8 +102,8 @@ def require_replica_context(replica_context, method=None):
       'Use get_replica_context() for the current one.'.format(
           what, context.replica_context.replica_id_in_sync_group,
           describe_strategy(context.strategy),
-          replica_context.replica_id_in_sync_group,
-          describe_strategy(replica_context.strategy)))
+          replica_ctx.replica_id_in_sync_group,
+          describe_strategy(replica_ctx.strategy)))
 
 
 class StrategyExtended(object):
