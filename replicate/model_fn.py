@@ -151,6 +151,12 @@ def replicate_model_fn(model_fn,
           device_setter.parameter_device_chooser(variable_placement,
                                                  tower_devices),
           device_setter.consolidation_device(tower_devices))
+    tf1.logging.info(
+        'replicate_model_fn: building %s with %d tower(s) on %s; variables: '
+        '%s (aggregation on %s); loss reduction: %s; towers: %s.', mode,
+        len(placement.tower_devices), ', '.join(placement.tower_devices),
+        variable_placement.value, placement.aggregation_device,
+        loss_reduction, tower_build.value)
     spec = _replicate(model_fn, features, labels, mode, params, config,
                       placement, loss_reduction, tower_build)
     if mode == ModeKeys.TRAIN and placement.training_hooks:

@@ -244,6 +244,7 @@ class MirroredExtended(strategy_extended.StrategyExtended):
     return len(self._devices)
 
   def _call_for_each_replica(self, fn, args, kwargs):
+    _check_not_estimator(fn)
     return mirrored_run.call_for_each_replica(
         self._container_strategy(), self._devices, fn, args, kwargs,
         self._make_creator, keep=(MirroredVariable,))
@@ -369,6 +370,23 @@ class MirroredExtended(strategy_extended.StrategyExtended):
 
   def _make_input_fn_iterator(self, input_fn):
     return input_lib.InputFunctionIterator(input_fn, devices=self._devices)
+
+
+def _check_not_estimator(fn):
+  """Refuses `Estimator(config=RunConfig(train_distribute=<ours>))`.
+
+  TF's Estimator drives `tf.distribute` strategies through their private
+  methods and expects a tensor loss back; with ours it would end in an
+  opaque "loss must be Tensor" TypeError.
+  """
+  if isinstance(getattr(fn, '__self__', None), tf1.estimator.Estimator):
+    raise errors.InvalidTypeError(
+        'replicate.MirroredStrategy cannot be an Estimator\'s '
+        'RunConfig(train_distribute=...) (TF\'s Estimator only drives '
+        'tf.distribute strategies). For an Estimator, wrap its model_fn: '
+        'tf.estimator.Estimator(replicate.replicate_model_fn(model_fn, '
+        'devices=...)); use replicate.MirroredStrategy in a '
+        'tf.compat.v1.Session loop (docs/mirrored_strategy.md).')
 
 
 def _initial_value_of(primary):
