@@ -285,5 +285,80 @@ class ExampleStartUpTest(tf.test.TestCase):
     self.assertLess(elapsed, 60, output[-3000:])
 
 
+def _read_global_step(ps_target):
+  """The global step on the ps, or None before the chief initialized it."""
+  with tf.Graph().as_default():
+    with tf1.device('/job:ps/task:0'):
+      step = tf1.get_variable('global_step', [], tf.int64, trainable=False)
+      ready = tf1.is_variable_initialized(step)
+    with tf1.Session(ps_target, config=tf1.ConfigProto(
+        operation_timeout_in_ms=5000)) as sess:
+      return sess.run(step) if sess.run(ready) else None
+
+
+def _close_sync_token_queue(ps_target):
+  """Closes SyncReplicasOptimizer's token queue on the ps under the workers."""
+  with tf.Graph().as_default():
+    with tf1.device('/job:ps/task:0'):
+      queue = tf1.FIFOQueue(-1, tf.int64, shapes=(), name='sync_token_q',
+                            shared_name='sync_token_q')
+      close = queue.close(cancel_pending_enqueues=True)
+    with tf1.Session(ps_target, config=tf1.ConfigProto(
+        operation_timeout_in_ms=5000)) as sess:
+      sess.run(close)
+
+
+class ClosedQueueTest(tf.test.TestCase):
+  """The mechanism of the ps-restart false success, made deterministic.
+
+  When a parameter server restarts, SyncReplicasOptimizer's queues can be
+  closed under a worker's session; the worker's dequeue then raises
+  OutOfRangeError, which MonitoredSession takes for the end of the input:
+  `Estimator.train` returns normally, below its target. (Whether a real
+  restart does that depends on when it falls in a step, so it is not
+  reproduced here; closing the token queue is.)
+  """
+
+  def test_worker_returning_early_logs_an_error(self):
+    cluster = {'ps': [_address()], 'chief': [_address()],
+               'worker': [_address()]}
+    ps = _server(cluster, 'ps', num_cpus=1)
+    _server(cluster, 'chief')
+    _server(cluster, 'worker')
+    target = 100000
+    results = {'chief': {}, 'worker': {}}
+    filters = {task: ['/job:ps', '/job:%s/task:0' % task]
+               for task in ('chief', 'worker')}
+    with self.assertLogs(level='ERROR') as logs:
+      chief = _train(
+          _run_config(cluster, 'chief', operation_timeout_in_ms=5000,
+                      device_filters=filters['chief']),
+          results['chief'], params={'sync_workers': 2},
+          input_fn=_input_fn(), max_steps=target)
+      deadline = time.time() + _JOIN_SECS
+      while _read_global_step(ps.target) is None:
+        self.assertLess(time.time(), deadline, 'the chief never initialized')
+        time.sleep(0.1)
+      worker = _train(
+          _run_config(cluster, 'worker', operation_timeout_in_ms=5000,
+                      device_filters=filters['worker']),
+          results['worker'], params={'sync_workers': 2},
+          input_fn=_input_fn(), max_steps=target)
+      while (_read_global_step(ps.target) or 0) < 2:
+        self.assertLess(time.time(), deadline, 'training never started')
+        self.assertFalse(results['worker'] or results['chief'], results)
+        time.sleep(0.1)
+      _close_sync_token_queue(ps.target)
+      worker.join(_JOIN_SECS)
+      chief.join(_JOIN_SECS)
+    self.assertFalse(worker.is_alive() or chief.is_alive())
+    # TF's behaviour: the worker's train returned without an error...
+    self.assertNotIn('error', results['worker'])
+    # ... and the hook says that it did not finish.
+    self.assertRegex('\n'.join(logs.output),
+                     r'Training ended at global_step \d+, before its target '
+                     r'step %d' % target)
+
+
 if __name__ == '__main__':
   tf.test.main()
