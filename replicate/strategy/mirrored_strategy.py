@@ -438,6 +438,11 @@ class MirroredStrategy(strategy_base.Strategy):
       with strategy.scope():
         w = tf.compat.v1.get_variable('w', ...)      # mirrored
         train_op = strategy.group(strategy.experimental_run(step, iterator))
+
+  Inside the replicas ask `replicate.get_replica_context()`:
+  `tf.distribute.get_replica_context()` does not know them and returns TF's
+  default one-replica context, whose `all_reduce` reduces nothing. For an
+  Estimator use `replicate_model_fn`, not `RunConfig(train_distribute=...)`.
   """
 
   def __init__(self, devices=None, cross_device_ops=None,

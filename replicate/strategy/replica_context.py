@@ -15,7 +15,9 @@ from replicate.strategy.strategy_extended import require_replica_context
 class ReplicaContext(object):
   """The context of one replica, inside `call_for_each_replica`.
 
-  Also a context manager that makes itself the current context.
+  Also a context manager that makes itself the current context. Get it with
+  `replicate.get_replica_context()`: TF's `tf.distribute.get_replica_context()`
+  does not see replicate's replicas and returns its default context.
   """
 
   def __init__(self, strategy, replica_id_in_sync_group):
