@@ -44,6 +44,11 @@ test-tf2: $(VENV_TF2)/.installed
 bench: $(VENV_TF1)/.installed
 	$(VENV_TF1)/bin/python benchmarks/run_all.py $(BENCH_ARGS)
 
+# 1-32 towers against one device (issue 26); SCALE_ARGS=--quick for a smoke
+# run. TF 2.15 rows: add `--python $(VENV_TF2)/bin/python --append`.
+bench-scale: $(VENV_TF1)/.installed
+	$(VENV_TF1)/bin/python benchmarks/scale_bench.py $(SCALE_ARGS)
+
 venv-tf1: $(VENV_TF1)/.installed
 venv-tf2: $(VENV_TF2)/.installed
 

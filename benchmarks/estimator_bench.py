@@ -53,6 +53,7 @@ from __future__ import division
 from __future__ import print_function
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -65,6 +66,7 @@ import bench_util
 GLOBAL_BATCH = 256
 CONFIGS = ('single', 'replicate', 'contrib', 'replicate@build=per_tower',
            'replicate@pack=0', 'replicate@fuse=off', 'replicate@copy=concat',
+           'replicate@compress=fp16',
            'tf_mirrored', 'replicate_mirrored', 'replicate_mirrored@fuse=off',
            'replicate_mirrored@matmul=tf', 'tf_mirrored_loop', 'independent')
 MODELS = ('wide', 'deep')
@@ -93,6 +95,8 @@ CONFIG_LABELS = {
                           '(A/B)',
     'replicate@copy=concat': 'replicate.replicate_model_fn, packs copied by '
                              "TF's ConcatV2 (A/B)",
+    'replicate@compress=fp16': 'replicate.replicate_model_fn, fp16 gradient '
+                               'compression',
     'independent': '4 independent models, one per device, no gradient '
                    'exchange (reference)',
 }
@@ -118,7 +122,7 @@ class NotApplicable(Exception):
 
 def _model_spec(model):
   """(input width, number of classes) of a model."""
-  return {'wide': (784, 10), 'deep': (64, 64)}[model]
+  return {'wide': (784, 10), 'deep': (64, 64), 'vars1000': (16, 16)}[model]
 
 
 def _logits(tf, model, features):
@@ -129,6 +133,12 @@ def _logits(tf, model, features):
       h = tf1.layers.dense(h, units, activation=tf.nn.relu,
                            name='dense_{}'.format(i))
     return tf1.layers.dense(h, 10, name='logits')
+  if model == 'vars1000':
+    # scale_bench.py's 1,000-variable model: 500 chained dense layers of 16.
+    for i in range(500):
+      h = tf1.layers.dense(h, 16, activation=tf.nn.tanh if i < 499 else None,
+                           name='dense_{}'.format(i))
+    return h
   for i in range(100):
     h = tf1.layers.dense(h, 64, activation=tf.nn.tanh if i < 99 else None,
                          name='dense_{}'.format(i))
@@ -328,7 +338,15 @@ def _wrapper_and_fn(tf, config, model, timings):
     return timed(_independent_towers_fn(tf, model, devices)), None
   import replicate  # pylint: disable=g-import-not-at-top
   kwargs = {}
-  if config == 'replicate@build=per_tower':
+  wrapper = getattr(replicate, 'TowerOptimizer', None)
+  if config == 'replicate@compress=fp16':
+    # Gradients cross devices as float16 (TowerOptimizer's compression).
+    if not hasattr(replicate, 'Compression'):
+      raise NotApplicable('replicate.Compression is not in this tree')
+    wrapper = functools.partial(replicate.TowerOptimizer,
+                                compression=replicate.Compression.fp16)
+    config = 'replicate'
+  elif config == 'replicate@build=per_tower':
     # Experiment: every tower built by its own model_fn call.
     if not hasattr(replicate, 'TowerBuild'):
       raise NotApplicable('replicate.TowerBuild is not in this tree')
@@ -341,8 +359,7 @@ def _wrapper_and_fn(tf, config, model, timings):
   if config == 'replicate':
     if not hasattr(replicate, 'replicate_model_fn'):
       raise NotApplicable('replicate.replicate_model_fn is not in this tree')
-    model_fn, timed = _make_model_fn(tf, model, replicate.TowerOptimizer,
-                                     timings)
+    model_fn, timed = _make_model_fn(tf, model, wrapper, timings)
     return timed(replicate.replicate_model_fn(model_fn, devices=devices,
                                               **kwargs)), None
   raise ValueError('unknown config {!r}'.format(config))
