@@ -8,8 +8,10 @@ replicate-specific lines are the `replicate.TowerOptimizer` wrapper and the
     python examples/digits_demo.py [--devices 4] [--steps 1500] [--model_dir DIR]
 
 Logs loss and examples/s while training, evaluates on held-out digits (exits
-non-zero if accuracy is not above 0.9), predicts a few examples, and leaves
-TensorBoard summaries in the model directory.
+non-zero if accuracy is not above 0.9), predicts a few examples, leaves
+TensorBoard summaries in the model directory, and exports a SavedModel that
+it reloads on one CPU to predict a digit (the export is the single-device
+model: it serves anywhere, whatever devices trained it).
 """
 import argparse
 import os
@@ -17,12 +19,17 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-from sklearn import datasets
-from sklearn import model_selection
-import tensorflow as tf
+# TensorFlow's C++ INFO lines (e.g. TF 2.15's "Local rendezvous" notes at the
+# end of each input pipeline) would bury the demo's output; a level the user
+# set is kept. It only takes effect before TensorFlow is imported.
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')
 
-import replicate
+import numpy as np  # pylint: disable=g-import-not-at-top
+from sklearn import datasets  # pylint: disable=g-import-not-at-top
+from sklearn import model_selection  # pylint: disable=g-import-not-at-top
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+import replicate  # pylint: disable=g-import-not-at-top
 
 tf1 = tf.compat.v1
 
@@ -57,31 +64,44 @@ def model_fn(features, labels, mode, params):
 
 
 class ThroughputHook(tf1.train.SessionRunHook):
-  """Logs loss and examples/s every `every_n_steps` steps."""
+  """Logs loss and examples/s every `every_n_steps` steps and at the last."""
 
   def __init__(self, loss, batch_size, every_n_steps):
     self._loss = loss
     self._batch_size = batch_size
     self._every_n_steps = every_n_steps
 
-  def begin(self):
-    self._global_step = tf1.train.get_global_step()
+  def after_create_session(self, session, coord):
+    # Steps are counted here rather than read from the global step in each
+    # run: that read may see the step's increment or not (TF 2.15's resource
+    # variable does not), which skipped the last line.
+    self._step = session.run(tf1.train.get_global_step())
+    self._reported_step = self._step
     self._start = None
 
   def before_run(self, run_context):
-    return tf1.train.SessionRunArgs([self._loss, self._global_step])
+    return tf1.train.SessionRunArgs(self._loss)
 
   def after_run(self, run_context, run_values):
-    loss, step = run_values.results
+    self._step += 1
+    self._last_loss = run_values.results
+    if self._start is None:  # the first step builds and warms up: not timed
+      self._start, self._start_step = time.time(), self._step
+    elif self._step % self._every_n_steps == 0:
+      self._report()
+
+  def end(self, session):
+    if self._start is not None and self._step != self._reported_step:
+      self._report()
+
+  def _report(self):
     now = time.time()
-    if self._start is None:
-      self._start, self._start_step = now, step
-      return
-    if step % self._every_n_steps == 0:
-      rate = (step - self._start_step) * self._batch_size / (now - self._start)
-      print('step {:5d}  loss {:.4f}  {:8.0f} examples/s'.format(
-          step, loss, rate), flush=True)
-      self._start, self._start_step = now, step
+    rate = (self._step - self._start_step) * self._batch_size / max(
+        now - self._start, 1e-9)
+    print('step {:5d}  loss {:.4f}  {:8.0f} examples/s'.format(
+        self._step, self._last_loss, rate), flush=True)
+    self._start, self._start_step = now, self._step
+    self._reported_step = self._step
 
 
 def with_throughput_logging(replicated_model_fn, batch_size, every_n_steps):
@@ -105,13 +125,39 @@ def load_digits():
       pixels, labels, test_size=0.25, random_state=0, stratify=labels)
 
 
-def main(argv):
+def serving_input_fn():
+  """Serving requests: any number of images of 64 pixels."""
+  pixels = {'pixels': tf1.placeholder(tf.float32, [None, 64], name='pixels')}
+  return tf1.estimator.export.ServingInputReceiver(pixels, pixels)
+
+
+def serve(export_dir, pixels):
+  """Loads the SavedModel as a server would and runs its default signature.
+
+  A fresh graph, a session of one CPU without soft placement: the export
+  holds the model once, unpinned, so it needs none of the training devices.
+  """
+  graph = tf.Graph()
+  config = tf1.ConfigProto(device_count={'CPU': 1}, allow_soft_placement=False)
+  with graph.as_default(), tf1.Session(graph=graph, config=config) as sess:
+    meta_graph = tf1.saved_model.loader.load(
+        sess, [tf1.saved_model.tag_constants.SERVING], export_dir)
+    signature = meta_graph.signature_def['serving_default']
+    return sess.run(
+        {key: info.name for key, info in signature.outputs.items()},
+        {signature.inputs['pixels'].name: pixels})
+
+
+def parse_args(argv):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--devices', type=int, default=4,
-                      help='number of virtual CPU devices (towers)')
-  parser.add_argument('--steps', type=int, default=1500)
+                      help='number of virtual CPU devices (towers) '
+                      '(default: %(default)s)')
+  parser.add_argument('--steps', type=int, default=1500,
+                      help='training steps (default: %(default)s)')
   parser.add_argument('--batch_size', type=int, default=128,
-                      help='global batch, split evenly over the towers')
+                      help='global batch, split evenly over the towers '
+                      '(default: %(default)s)')
   parser.add_argument('--model_dir', default=None,
                       help='checkpoints and TensorBoard summaries '
                       '(default: a new temporary directory)')
@@ -119,6 +165,21 @@ def main(argv):
   if args.batch_size % args.devices:
     parser.error('--batch_size {} must be a multiple of --devices {}'.format(
         args.batch_size, args.devices))
+  return args
+
+
+def main(argv):
+  args = parse_args(argv)
+  verbosity = tf1.logging.get_verbosity()
+  tf1.logging.set_verbosity(tf1.logging.ERROR)
+  try:
+    return run(args)
+  finally:
+    tf1.logging.set_verbosity(verbosity)  # tests call main() in-process
+
+
+def run(args):
+  """Trains, evaluates, predicts and exports; 0 if accuracy is above 0.9."""
   model_dir = args.model_dir or tempfile.mkdtemp(prefix='replicate_digits_')
 
   x_train, x_test, y_train, y_test = load_digits()
@@ -151,7 +212,6 @@ def main(argv):
       config=config,
       params={'hidden_units': [128, 64], 'learning_rate': 3e-3})
 
-  tf1.logging.set_verbosity(tf1.logging.ERROR)
   start = time.time()
   estimator.train(train_input_fn, steps=args.steps)
   print('Trained {} steps in {:.1f} s.'.format(args.steps, time.time() - start))
@@ -169,6 +229,16 @@ def main(argv):
     print('  digit {}: predicted {} (p={:.3f}), true {}'.format(
         i, prediction['class'], prediction['probabilities'].max(), y_test[i]))
 
+  export_dir = estimator.export_saved_model(
+      os.path.join(model_dir, 'export'), serving_input_fn)
+  export_dir = export_dir.decode() if isinstance(export_dir, bytes) else (
+      export_dir)
+  served = serve(export_dir, x_test[:1])
+  print('Exported SavedModel {}\n  reloaded on 1 CPU (no soft placement): '
+        'digit 0 predicted {} (p={:.3f}), true {}'.format(
+            export_dir, served['class'][0], served['probabilities'][0].max(),
+            y_test[0]))
+
   print('TensorBoard summaries and checkpoints: {}\n  tensorboard --logdir {}'
         .format(model_dir, model_dir))
   if metrics['accuracy'] <= 0.9:
@@ -179,5 +249,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   sys.exit(main(sys.argv[1:]))

@@ -328,6 +328,49 @@ def estimator_default_session_configs(run_config):
   return defaults
 
 
+# --- replicate_model_fn: SavedModel export ---
+
+# The method of `tf.estimator.Estimator` (tensorflow_estimator 1.15 and 2.15)
+# that builds the graph of one mode of a SavedModel; `export_saved_model`,
+# `export_savedmodel` and `experimental_export_all_saved_models` all reach
+# `model_fn` through it, and nothing else does (`predict()` calls
+# `_call_model_fn` from `Estimator.predict`).
+_EXPORT_METHOD = '_add_meta_graph_for_mode'
+_ESTIMATOR_MODULES = ('tensorflow_estimator.', 'tensorflow.python.estimator.')
+
+
+def building_saved_model():
+  """Whether an Estimator is building the default graph for a SavedModel.
+
+  TF has no public signal for this: the Estimator calls `model_fn` in
+  PREDICT mode both for `predict()` and for an export. This walks the Python
+  call stack (CPython frames, `inspect.currentframe`) for a frame of
+  `Estimator._add_meta_graph_for_mode` defined in a tensorflow_estimator
+  module, the private method every export (`export_saved_model`,
+  `export_savedmodel`, `experimental_export_all_saved_models`, the
+  `Exporter`s of `train_and_evaluate`) calls `model_fn` from, in TF 1.15 and
+  TF 2.15 alike. Where that frame has the local `g` (the graph the method
+  opened), it must be the default graph. The walk costs a few microseconds
+  per `model_fn` call. If a future tensorflow_estimator renamed the method,
+  exports would again hold the towers (as before this check), but
+  `predict()` can never be taken for an export.
+
+  Returns:
+    A bool.
+  """
+  graph = tf1.get_default_graph()
+  frame = inspect.currentframe()
+  try:
+    while frame is not None:
+      if (frame.f_code.co_name == _EXPORT_METHOD and
+          frame.f_globals.get('__name__', '').startswith(_ESTIMATOR_MODULES)):
+        return frame.f_locals.get('g', graph) is graph
+      frame = frame.f_back
+    return False
+  finally:
+    del frame
+
+
 # --- cluster checks (cluster/cluster_check.py) ---
 
 # The Estimator methods (tensorflow_estimator 1.15 and 2.15) whose local

@@ -1,5 +1,9 @@
-"""The README's demo runs end to end (shortened) and leaves summaries."""
+"""The README's demo runs end to end (shortened), leaves summaries and a
+SavedModel that serves on one CPU."""
+import contextlib
+import glob
 import importlib.util
+import io
 import os
 
 import tensorflow as tf
@@ -15,16 +19,35 @@ def _load_demo():
   return module
 
 
+def _summary_tags(folder):
+  tags = set()
+  for path in glob.glob(os.path.join(folder, 'events.out.tfevents*')):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      tags.update(value.tag for value in event.summary.value)
+  return tags
+
+
 class DemoTest(tf.test.TestCase):
 
   def test_demo_trains_above_90_percent_and_writes_summaries(self):
     model_dir = self.get_temp_dir()
-    # main() returns 1 unless held-out accuracy is above 0.9.
-    self.assertEqual(0, _load_demo().main(
-        ['--steps', '400', '--model_dir', model_dir]))
-    self.assertTrue(
-        any(name.startswith('events.out.tfevents')
-            for name in os.listdir(model_dir)), os.listdir(model_dir))
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+      # main() returns 1 unless held-out accuracy is above 0.9.
+      self.assertEqual(0, _load_demo().main(
+          ['--steps', '400', '--model_dir', model_dir]))
+    lines = output.getvalue().splitlines()
+    # A line every 250 steps and one for the last step.
+    self.assertEqual(['step   250', 'step   400'],
+                     [l[:10] for l in lines if l.startswith('step')])
+    self.assertTrue([l for l in lines if 'reloaded on 1 CPU' in l], lines)
+    self.assertTrue(glob.glob(os.path.join(model_dir, 'export', '*',
+                                           'saved_model.pb')))
+    # The training loss is 'loss' in TensorBoard, as the evaluation's.
+    train_tags = _summary_tags(model_dir)
+    self.assertIn('loss', train_tags)
+    self.assertNotIn('loss_1', train_tags)
+    self.assertIn('loss', _summary_tags(os.path.join(model_dir, 'eval')))
 
 
 if __name__ == '__main__':

@@ -45,14 +45,14 @@ from replicate._compat import tf1
 
 
 class TowerBuild(enum.Enum):
-  """How `replicate_model_fn` builds the towers after the first in TRAIN.
+  """How `replicate_model_fn` builds the towers after the first.
 
   Attributes:
-    CLONE: call `model_fn` once and copy tower 0's forward pass, loss and
-      gradients onto the other devices (see replicate/tower_cloning.py); where
+    CLONE: call `model_fn` once and copy what tower 0 built onto the other
+      devices: in TRAIN its forward pass, loss and gradients (this module),
+      in EVAL and PREDICT what its outputs need (output_copies.py); where
       copying cannot be shown to be right, fall back to `CALL_PER_TOWER` with
-      a warning. The default. EVAL and PREDICT always call `model_fn` per
-      tower.
+      a warning. The default.
     CALL_PER_TOWER: call `model_fn` once per tower, as tf.contrib did.
   """
   CLONE = 'clone'
@@ -89,6 +89,7 @@ def clone_optimizer_call(replication, call_index):
         replication.loss_reduction == tf1.losses.Reduction.SUM)
     if reason is not None:
       warn_not_cloned(reason)
+      replication.not_cloned_reason = reason
       replication.cloner = None
       return
   optimizer_name, grads_and_vars = replication.optimizer_call(0, call_index)

@@ -1,8 +1,8 @@
 """Which tower is being built, and the state of one replication in progress.
 
-`replicate_model_fn` builds one tower per device by calling the user's
-`model_fn` once per device. While it does, two objects describe what is going
-on:
+`replicate_model_fn` builds one tower per device (by calling the user's
+`model_fn` for tower 0 and copying it, or once per device). While it does,
+two objects describe what is going on:
 
 * `TowerContext` (public): which tower `model_fn` is building, out of how
   many, on which device. `get_tower_context()` returns it inside `model_fn`
@@ -31,7 +31,9 @@ class TowerContext(object):
     tower_id: index of the tower, `0 <= tower_id < num_towers`. Tower 0 is
       built under no extra name scope; tower `i > 0` under `tower_<i>`.
     num_towers: how many towers the model is replicated into.
-    device: the device the tower's ops are placed on, e.g. `/device:GPU:1`.
+    device: the device the tower's ops are placed on, e.g. `/device:GPU:1`;
+      `''` (none) in a graph the Estimator builds for a SavedModel, which
+      holds the unreplicated model (tower 0 of 1, see towers/serving.py).
   """
 
   __slots__ = ('_tower_id', '_num_towers', '_device')
@@ -102,6 +104,8 @@ class Replication(object):
       applies the gradients; else the last tower does).
     tower_context_requested: whether `model_fn` asked `get_tower_context()`
       which tower it builds.
+    not_cloned_reason: in TRAIN, why tower 0 was not copied (a sentence), or
+      None.
     gradient_losses: the losses tower 0 gave `TowerOptimizer`s while
       `cloner` was set (copied with the gradients: the spec's loss is, as a
       rule, one of them, and then needs no copying round of its own).
@@ -116,6 +120,7 @@ class Replication(object):
     self.cloner = None
     self.towers_cloned = False
     self.tower_context_requested = False
+    self.not_cloned_reason = None
     self.gradient_losses = []
     self._calls = [[] for _ in range(num_towers)]
     self._raw_gradients = {}

@@ -9,12 +9,25 @@ would have put it. What to copy and when is decided in tower_cloning.py.
 import tensorflow as tf
 
 from replicate.towers import device_setter
+from replicate.towers import node_defs
 from replicate.core import device_util
 from replicate.gradients import gradient_gating
 from replicate.gradients import read_packing
 from replicate._compat import tf1
 
-_SEED2_STRIDE = 1000003  # a prime: seed2 + i * stride differs per tower
+# Ops that write the variable (reference or resource handle) of input 0. A
+# write of a variable the towers share is tower 0's alone, never copied: one
+# writer per step, as for the update ops of `UPDATE_OPS` (e.g. the moving
+# statistics of a Keras BatchNormalization layer object, which are not in
+# that collection).
+_WRITE_OP_TYPES = frozenset([
+    'Assign', 'AssignAdd', 'AssignSub', 'AssignVariableOp',
+    'AssignAddVariableOp', 'AssignSubVariableOp', 'ScatterAdd', 'ScatterSub',
+    'ScatterMul', 'ScatterDiv', 'ScatterMin', 'ScatterMax', 'ScatterUpdate',
+    'ResourceScatterAdd', 'ResourceScatterSub', 'ResourceScatterMul',
+    'ResourceScatterDiv', 'ResourceScatterMin', 'ResourceScatterMax',
+    'ResourceScatterUpdate',
+])
 
 
 class TowerCloner(object):
@@ -59,6 +72,9 @@ class TowerCloner(object):
     # read's tensor name; and the reads already offered for packing.
     self._read_copies = [None] + [{} for _ in self._devices[1:]]
     self._reads_offered = set()
+    # Tower-0 variables of which every copied tower has its own (metric
+    # variables in EVAL, see `own_variables`).
+    self._own_variable_ops = set()
 
   def reason_not_to_clone(self, tower_context_requested, sum_reduction):
     """Why tower 0 must not be copied, or None when it may be.
@@ -84,7 +100,7 @@ class TowerCloner(object):
       requested = self.requested_devices.get(op.name)
       if (requested is not None and op.device != self._placed(requested, 0)
           and op.type not in device_setter.STATEFUL_OP_TYPES and
-          not _colocation_targets(op.node_def)):
+          not node_defs.colocation_targets(op.node_def)):
         return ('a device scope around the replicated model_fn moved {} to '
                 '{!r}'.format(op.name, op.device))
     return None
@@ -107,15 +123,58 @@ class TowerCloner(object):
     ops = [op for op in window if op in todo]  # creation order
     if not ops:
       return
+    self._make_prefixes()
+    with self._graph.as_default(), tf1.device(None), tf1.name_scope(None), (
+        tf1.control_dependencies(None)), tf1.colocate_with(
+            None, ignore_existing=True):
+      self._import(ops, todo, shared)
+
+  def _make_prefixes(self):
     if self._prefixes is None:
       self._prefixes = [None] + [
           self._graph.unique_name('tower_{}'.format(tower_id)) + '/'
           for tower_id in range(1, len(self._devices))
       ]
-    with self._graph.as_default(), tf1.device(None), tf1.name_scope(None), (
+
+  def own_variables(self, variables, collections):
+    """Gives every copied tower its own copy of some tower-0 variables.
+
+    Each tower gets a new variable per given one (same dtype, shape, device
+    and initial value, named under the tower's scope); copies of tower 0's
+    ops that read or write a given variable read and write the tower's own
+    instead. Used for metric variables: each tower counts its own shard, and
+    no two towers update one variable.
+
+    Args:
+      variables: variables created in tower 0.
+      collections: the graph collections the new variables join.
+
+    Returns:
+      A list with, for each tower, its variables in the order given (tower
+      0's are `variables`).
+    """
+    self._make_prefixes()
+    per_tower = [list(variables)]
+    with self._graph.as_default(), tf1.name_scope(None), (
         tf1.control_dependencies(None)), tf1.colocate_with(
             None, ignore_existing=True):
-      self._import(ops, todo, shared)
+      for tower_id in range(1, len(self._devices)):
+        copies = self._copies[tower_id]
+        own = []
+        for variable in variables:
+          with tf1.device(variable.device):
+            new = tf1.Variable(
+                variable.initial_value, trainable=False,
+                collections=list(collections),
+                name=self._prefixes[tower_id] + variable.op.name,
+                dtype=variable.dtype.base_dtype,
+                use_resource=variable.op.type == 'VarHandleOp')
+          copies[variable.op.name] = new.op
+          copies[variable.op.outputs[0].name] = new.op.outputs[0]
+          own.append(new)
+        per_tower.append(own)
+    self._own_variable_ops.update(v.op for v in variables)
+    return per_tower
 
   def reads_needed_by(self, targets):
     """The plain variable reads that copies of `targets` would read."""
@@ -172,8 +231,8 @@ class TowerCloner(object):
     self.copy_reads([t for t in external.values()
                      if isinstance(t, tf.Tensor) and t.op in shared and
                      _is_plain_read(t.op)])
-    node_defs = [op.node_def for op in ops]
-    todo_names = set(node_def.name for node_def in node_defs)
+    originals = [op.node_def for op in ops]
+    todo_names = set(node_def.name for node_def in originals)
     devices = {}
     input_map = {}
     returned = []
@@ -181,7 +240,7 @@ class TowerCloner(object):
       prefix = self._prefixes[tower_id]
       copies = self._copies[tower_id]
       read_copies = self._read_copies[tower_id]
-      for op, node_def in zip(ops, node_defs):
+      for op, node_def in zip(ops, originals):
         node = graph_def.node.add()
         node.CopyFrom(node_def)
         node.name = prefix + node.name
@@ -193,7 +252,7 @@ class TowerCloner(object):
         # NodeDef would make the import enter a device scope for every op.
         node.ClearField('device')
         devices[node.name] = self._copy_device(op, node_def, tower_id, devices)
-        _offset_seed(node, tower_id)
+        node_defs.offset_seed(node, tower_id)
         if 'frame_name' in node.attr:
           # A TF1 tf.while_loop runs in the frame its Enter ops name: each
           # copy of the loop needs its own, or TF takes the copies for one
@@ -202,7 +261,7 @@ class TowerCloner(object):
           # are never differentiated.)
           node.attr['frame_name'].s = prefix.encode() + node.attr[
               'frame_name'].s
-        _rename_colocation(node, prefix, todo_names)
+        node_defs.rename_colocation(node, prefix, todo_names)
         returned.append(node.name)
       for name, value in external.items():
         if name.startswith('^'):
@@ -315,11 +374,24 @@ class TowerCloner(object):
     shared = set(self._shared)
     shared.update(_op_of(item) for item in self._window_items(
         tf1.GraphKeys.UPDATE_OPS, window))
+    own = self._own_variable_ops
     for op in window:
       op_type = op.type
-      if op_type in device_setter.STATEFUL_OP_TYPES or (
-          op_type in gradient_gating.READ_OP_TYPES and _is_plain_read(op)):
+      if op_type in device_setter.STATEFUL_OP_TYPES:
         shared.add(op)
+      elif op_type in gradient_gating.READ_OP_TYPES or (
+          op_type in _WRITE_OP_TYPES):
+        # Plain reads and the writes of a shared variable are shared; those
+        # of a variable each tower has its own are copied.
+        variable = op.inputs[0].op if op.inputs else None
+        if variable in own:
+          continue
+        if op_type in _WRITE_OP_TYPES:
+          if variable is not None and (
+              variable.type in gradient_gating.VARIABLE_OP_TYPES):
+            shared.add(op)
+        elif _is_plain_read(op):
+          shared.add(op)
     return shared
 
   def _copy_device(self, op, node_def, tower_id, devices):
@@ -335,7 +407,7 @@ class TowerCloner(object):
     Returns:
       A device string.
     """
-    colocated = _colocation_targets(node_def)
+    colocated = node_defs.colocation_targets(node_def)
     for target in colocated:
       name = self._prefixes[tower_id] + target
       if name in devices:
@@ -398,46 +470,6 @@ def _read_device(read_op):
   return read_op.device or read_op.inputs[0].op.device
 
 
-def _colocation_targets(node_def):
-  """Names of the ops a `NodeDef` is colocated with (its `_class` attr)."""
-  if '_class' not in node_def.attr:
-    return []
-  prefix = b'loc:@'
-  return [g[len(prefix):].decode() for g in node_def.attr['_class'].list.s
-          if g.startswith(prefix)]
-
-
 def _input_name(tensor):
   """How a NodeDef names `tensor` as an input (`op` for output 0)."""
   return tensor.op.name if tensor.value_index == 0 else tensor.name
-
-
-def _rename_colocation(node, prefix, copied):
-  """Colocates a copy with the copies of the ops its original was with.
-
-  Colocation with an op that is not copied (e.g. a variable) is dropped: the
-  copy's device is set explicitly to that op's.
-  """
-  if '_class' not in node.attr:
-    return
-  groups = node.attr['_class'].list.s
-  tag = b'loc:@'
-  kept = [tag + prefix.encode() + g[len(tag):] for g in groups
-          if g.startswith(tag) and g[len(tag):].decode() in copied]
-  if kept:
-    del groups[:]
-    groups.extend(kept)
-  else:
-    del node.attr['_class']
-
-
-def _offset_seed(node, tower_id):
-  """Gives a seeded random op of tower `tower_id` its own `seed2`."""
-  if 'seed' not in node.attr or 'seed2' not in node.attr:
-    return
-  if not node.attr['seed'].i and not node.attr['seed2'].i:
-    return  # Unseeded: every op draws its own numbers already.
-  node.attr['seed2'].i = (node.attr['seed2'].i +
-                          tower_id * _SEED2_STRIDE) % (1 << 31)
-
-

@@ -12,8 +12,10 @@ from replicate._compat import tf1
 
 
 def _summed_loss(tower_specs, device):
+  # Not named 'loss': the Estimator's own summary of the loss is named so,
+  # and would become 'loss_1' in TensorBoard next to an op of that name.
   return gradient_aggregation.sum_on_device([s.loss for s in tower_specs],
-                                            device, name='loss')
+                                            device, name='summed_loss')
 
 
 def train_spec(tower_specs, aggregation_device, applying_tower_id):
@@ -147,17 +149,25 @@ def _concat_export_output(per_tower, key):
           'in tower 0 and a {} in another tower.'.format(
               key, type(first).__name__, type(output).__name__))
   if isinstance(first, PredictOutput):
-    return PredictOutput(
-        _concat_nests([o.outputs for o in per_tower], key))
+    return PredictOutput(_concat_nests(
+        [o.outputs for o in per_tower],
+        'the outputs of PredictOutput {!r}'.format(key)))
   if isinstance(first, RegressionOutput):
-    return RegressionOutput(_concat([o.value for o in per_tower]))
+    return RegressionOutput(_concat(
+        [o.value for o in per_tower],
+        'the value of RegressionOutput {!r}'.format(key),
+        '[batch] or [batch, 1]'))
   if isinstance(first, ClassificationOutput):
     # Classes are [batch, k] like scores, so they are concatenated too.
     scores = classes = None
     if first.scores is not None:
-      scores = _concat([o.scores for o in per_tower])
+      scores = _concat([o.scores for o in per_tower],
+                       'the scores of ClassificationOutput {!r}'.format(key),
+                       '[batch, k]')
     if first.classes is not None:
-      classes = _concat([o.classes for o in per_tower])
+      classes = _concat([o.classes for o in per_tower],
+                        'the classes of ClassificationOutput {!r}'.format(key),
+                        '[batch, k]')
     return ClassificationOutput(scores=scores, classes=classes)
   raise errors.InvalidTypeError(
       'Export output {!r} is a {}; replicate_model_fn can concatenate '
@@ -165,7 +175,18 @@ def _concat_export_output(per_tower, key):
           key, type(first).__name__))
 
 
-def _concat(tensors):
+def _concat(tensors, what, expected_shape='[batch, ...]'):
+  """Concatenates the towers' `tensors` along the batch dimension.
+
+  Raises:
+    InvalidArgumentError: if they are scalars (no batch dimension).
+  """
+  if tensors[0].shape.ndims == 0:
+    raise errors.InvalidArgumentError(
+        '{} is a scalar in each tower, but replicate_model_fn concatenates '
+        'the towers\' outputs along the batch dimension: give it shape {}, '
+        'one row per example.'.format(what[:1].upper() + what[1:],
+                                      expected_shape))
   return tf.concat(tensors, axis=0)
 
 
@@ -173,10 +194,11 @@ def _concat_nests(per_tower, what):
   if isinstance(per_tower[0], dict):
     _check_same_keys([sorted(p) for p in per_tower], what)
     return {
-        key: _concat([p[key] for p in per_tower])
+        key: _concat([p[key] for p in per_tower],
+                     '{}[{!r}]'.format(what, key))
         for key in per_tower[0]
     }
-  return _concat(per_tower)
+  return _concat(per_tower, what)
 
 
 def _check_same_keys(per_tower_keys, what):

@@ -219,17 +219,39 @@ class ModelFnErrorsTest(tf.test.TestCase):
     def model_fn(features, labels, mode):
       del labels
       w = tf.Variable(tf.ones([3, 1]), name='unshared')
-      loss = tf.reduce_mean(tf.matmul(features['x'], w))
+      outputs = tf.matmul(features['x'], w)
+      if mode == mt.PREDICT:
+        return tf1.estimator.EstimatorSpec(mode, predictions=outputs)
+      loss = tf.reduce_mean(outputs)
       train_op = replicate.TowerOptimizer(
           tf1.train.GradientDescentOptimizer(0.1)).minimize(loss)
       return _spec(mode, loss, train_op)
 
+    # Only towers built by their own model_fn call make new variables; the
+    # message says why they are (copies share tower 0's, in every mode).
+    for mode in (mt.TRAIN, mt.EVAL, mt.PREDICT):
+      with self.assertRaisesRegex(
+          ValueError,
+          r"Tower 1 created trainable variables \['tower_1/unshared'\] "
+          r"instead of reusing tower 0's, .* because tower_build is "
+          r'TowerBuild.CALL_PER_TOWER; .*a Keras layer object or tf.Variable '
+          r'created inside model_fn makes new ones on every call'):
+        _build(model_fn, mt.cpus(2), mode=mode,
+               tower_build=replicate.TowerBuild.CALL_PER_TOWER)
+      _build(model_fn, mt.cpus(2), mode=mode)  # copied: shared
+
+  def test_unshared_variables_in_a_fallback(self):
+    def model_fn(features, labels, mode):
+      del labels
+      replicate.get_tower_context()
+      w = tf.Variable(tf.ones([3, 1]), name='unshared')
+      loss = tf.reduce_mean(tf.matmul(features['x'], w))
+      return _spec(mode, loss)
+
     with self.assertRaisesRegex(
-        ValueError, r"Tower 1 created trainable variables \['tower_1/unshared'\]"):
-      _build(model_fn, mt.cpus(2),
-             tower_build=replicate.TowerBuild.CALL_PER_TOWER)
-    with self.assertRaisesRegex(
-        ValueError, r"Tower 1 created trainable variables \['tower_1/unshared'\]"):
+        ValueError,
+        r"Tower 1 created trainable variables \['tower_1/unshared'\] .* "
+        r'because model_fn calls replicate.get_tower_context\(\)'):
       _build(model_fn, mt.cpus(2), mode=mt.EVAL)
 
   def test_different_metrics(self):
@@ -258,6 +280,25 @@ class ModelFnErrorsTest(tf.test.TestCase):
 
     with self.assertRaisesRegex(ValueError, 'does not match'):
       _build(model_fn, mt.cpus(2), mode=mt.EVAL)
+
+  def test_scalar_classification_classes(self):
+    # Each tower's classes are one string: nothing to concatenate by batch.
+    def model_fn(features, labels, mode):
+      del labels
+      scores = tf1.layers.dense(features['x'], 2)
+      output = tf1.estimator.export.ClassificationOutput(
+          scores=scores, classes=tf.constant('digit'))
+      return tf1.estimator.EstimatorSpec(
+          mode, predictions={'scores': scores},
+          export_outputs={'classes': output})
+
+    with self.assertRaisesRegex(
+        errors.InvalidArgumentError,
+        r"The classes of ClassificationOutput 'classes' is a scalar in each "
+        r'tower, but replicate_model_fn concatenates the towers\' outputs '
+        r'along the batch dimension: give it shape \[batch, k\], one row per '
+        r'example.'):
+      _build(model_fn, mt.cpus(2), mode=mt.PREDICT)
 
   def test_model_fn_returns_wrong_type(self):
     with self.assertRaisesRegex(TypeError, 'must return a '

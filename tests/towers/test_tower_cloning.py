@@ -163,11 +163,11 @@ class CloneTrainingTest(tf.test.TestCase, parameterized.TestCase):
     cloned = mt.train_variables(model_fn, features, labels, mt.cpus(4))
     self.assertAllClose(one['table'], cloned['table'], rtol=1e-5, atol=1e-6)
 
-  def test_variables_created_outside_get_variable_are_rejected(self):
+  def test_variables_created_outside_get_variable_are_shared(self):
     # tf.Variable (or a Keras layer object) inside model_fn creates new
-    # variables on every call. The copies would share tower 0's, but towers
-    # built by calling model_fn (EVAL, PREDICT) would not: an error in every
-    # mode alike (test_misuse_errors has the per-tower ones).
+    # variables on every call; model_fn is called once and the copies share
+    # tower 0's, so training matches one device (test_misuse_errors has the
+    # error where towers are built by their own calls).
     def model_fn(features, labels, mode, params):
       del params
       w = tf.Variable(tf1.glorot_uniform_initializer(seed=1)([8, 1]),
@@ -175,14 +175,15 @@ class CloneTrainingTest(tf.test.TestCase, parameterized.TestCase):
       logits = tf.matmul(features['x'], w)
       loss = tf1.losses.sigmoid_cross_entropy(labels, logits)
       train_op = replicate.TowerOptimizer(
-          tf1.train.GradientDescentOptimizer(0.5)).minimize(loss)
+          tf1.train.GradientDescentOptimizer(0.5)).minimize(
+              loss, tf1.train.get_global_step())
       return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
-    with self.assertRaisesRegex(
-        errors.InvalidArgumentError,
-        r"model_fn created trainable variables \['w'\] without "
-        r'tf.compat.v1.get_variable'):
-      _build(model_fn, mt.cpus(4))
+    features, labels = _data()
+    one = mt.train_variables(model_fn, features, labels, mt.cpus(1))
+    four = _train(model_fn, mt.cpus(4), CLONE)
+    self.assertEqual(sorted(one), sorted(four))
+    self.assertAllClose(one['w'], four['w'], rtol=1e-5, atol=1e-6)
 
   def test_second_optimizer_waiting_for_the_first_is_not_copied(self):
     # g's update waits for d's train_op: the copies of g's gradients must
@@ -524,10 +525,24 @@ class FallbackTest(tf.test.TestCase, parameterized.TestCase):
                   warn.call_args[0][0])
 
   @parameterized.named_parameters(('eval', mt.EVAL), ('predict', mt.PREDICT))
-  def test_eval_and_predict_call_model_fn_per_tower(self, mode):
+  def test_eval_and_predict_copy_tower_0(self, mode):
     counted, calls = _counting(_deep_model_fn)
     _build(counted, mt.cpus(4), mode=mode)
-    self.assertLen(calls, 4)
+    self.assertLen(calls, 1)
+    _build(counted, mt.cpus(4), mode=mode, tower_build=PER_TOWER)
+    self.assertLen(calls, 1 + 4)
+
+  @parameterized.named_parameters(('eval', mt.EVAL), ('predict', mt.PREDICT))
+  def test_eval_and_predict_fall_back_on_tower_context(self, mode):
+    def model_fn(features, labels, mode, params):
+      self.assertIsNotNone(replicate.get_tower_context())
+      return _deep_model_fn(features, labels, mode, params)
+
+    counted, calls = _counting(model_fn)
+    with mock.patch.object(tower_cloning, 'warn_not_cloned') as warn:
+      _build(counted, mt.cpus(2), mode=mode)
+    self.assertLen(calls, 2)
+    self.assertIn('replicate.get_tower_context()', warn.call_args[0][0])
 
   def test_tower_build_must_be_an_enum_member(self):
     with self.assertRaisesRegex(

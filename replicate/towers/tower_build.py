@@ -1,0 +1,253 @@
+"""Building the towers of one `replicate_model_fn` call and merging them.
+
+In every mode `model_fn` is called once, for tower 0, and towers 1..N-1 are
+copies of what it built (tower_cloning.py for TRAIN, output_copies.py for
+EVAL and PREDICT), unless `TowerBuild.CALL_PER_TOWER` asks for one call per
+tower or copying cannot be shown to be right (then one warning says why).
+"""
+import contextlib
+import copy
+
+import tensorflow as tf
+
+from replicate import errors
+from replicate.gradients import matmul_gradient
+from replicate.towers import batch_split
+from replicate.towers import device_setter
+from replicate.towers import output_copies
+from replicate.towers import tower_cloning
+from replicate.towers import tower_collections
+from replicate.towers import tower_context
+from replicate.towers import tower_copier
+from replicate.towers import tower_specs
+from replicate.towers.tower_cloning import TowerBuild
+from replicate._compat import EstimatorSpec
+from replicate._compat import ModeKeys
+from replicate._compat import fn_args
+from replicate._compat import tf1
+
+_PER_TOWER_REQUESTED = 'tower_build is TowerBuild.CALL_PER_TOWER'
+
+
+def build(model_fn, features, labels, mode, params, config, placement,
+          loss_reduction, tower_build):
+  """Builds the towers of `model_fn` and returns the merged `EstimatorSpec`.
+
+  Args:
+    model_fn: the user's `model_fn`.
+    features: the global batch of features.
+    labels: the global batch of labels, or None.
+    mode: a `tf.estimator.ModeKeys`.
+    params: passed to `model_fn` (a deep copy per call).
+    config: passed to `model_fn` (a deep copy per call).
+    placement: where towers, variables and aggregations go (an object with
+      `tower_devices`, `choose_parameter_device` and `aggregation_device`).
+    loss_reduction: a `tf.compat.v1.losses.Reduction`.
+    tower_build: a `TowerBuild`.
+
+  Returns:
+    An `EstimatorSpec`.
+
+  Raises:
+    InvalidArgumentError, InvalidTypeError, ContextError: as
+      `replicate_model_fn` documents.
+  """
+  if mode not in (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT):
+    raise errors.InvalidArgumentError(
+        'Unknown mode {!r}; expected one of tf.estimator.ModeKeys.TRAIN, EVAL '
+        'or PREDICT.'.format(mode))
+  graph = tf1.get_default_graph()
+  devices = placement.tower_devices
+  num_towers = len(devices)
+  replication = tower_context.Replication(graph, num_towers, loss_reduction)
+  choose_parameter_device = placement.choose_parameter_device
+  aggregation_device = placement.aggregation_device
+
+  with tower_context.replication_scope(replication):
+    if num_towers == 1:
+      # One device: no splitting, scaling or aggregation; only placement.
+      tower = tower_context.TowerContext(0, 1, devices[0])
+      with tower_context.tower_scope(replication, tower), tf1.device(
+          device_setter.tower_device_setter(devices[0],
+                                            choose_parameter_device)):
+        return call_model_fn(model_fn, features, labels, mode, params, config)
+
+    feature_shards, label_shards = batch_split.split_batch(
+        features, labels, num_towers, aggregation_device)
+    collections = tower_collections.TowerCollections(
+        graph, num_towers,
+        share_regularization=loss_reduction != tf1.losses.Reduction.SUM)
+    cloner = None
+    if tower_build == TowerBuild.CLONE:
+      cloner = tower_copier.TowerCloner(
+          graph, devices, len(graph.get_operations()), [
+              tf.nest.flatten((f, l), expand_composites=True)
+              for f, l in zip(feature_shards, label_shards)
+          ])
+      if mode == ModeKeys.TRAIN:
+        # Copied at tower 0's first TowerOptimizer.apply_gradients.
+        replication.cloner = cloner
+    per_tower_reason = None if cloner else _PER_TOWER_REQUESTED
+    specs = []
+    metric_variables = []
+    copied = False
+    try:
+      for tower_id, device in enumerate(devices):
+        tower = tower_context.TowerContext(tower_id, num_towers, device)
+        trainable_before = _ids(tf1.trainable_variables())
+        metrics_before = _ids(graph.get_collection(
+            tf1.GraphKeys.METRIC_VARIABLES))
+        requested_devices = (
+            cloner.requested_devices if cloner and tower_id == 0 else None)
+        with _tower_scopes(replication, tower_id), tower_context.tower_scope(
+            replication, tower), collections.tower(tower_id), tf1.device(
+                device_setter.tower_device_setter(
+                    device, choose_parameter_device, requested_devices)), (
+                        matmul_gradient.cpu_tower_gradients(
+                            graph, device, enabled=mode == ModeKeys.TRAIN)):
+          spec = call_model_fn(model_fn, feature_shards[tower_id],
+                               label_shards[tower_id], mode, params, config)
+          check_tower(spec, tower, replication, trainable_before,
+                      per_tower_reason)
+          unscaled_loss = spec.loss
+          spec = spec._replace(loss=replication.scale_loss(spec.loss))
+        replication.cloner = None
+        specs.append(spec)
+        metric_variables.append([
+            v for v in graph.get_collection(tf1.GraphKeys.METRIC_VARIABLES)
+            if id(v) not in metrics_before
+        ])
+        if tower_id or cloner is None:
+          continue
+        if mode == ModeKeys.TRAIN:
+          if replication.towers_cloned:
+            specs.extend(tower_cloning.copied_specs(
+                cloner, replication, specs[0], unscaled_loss, collections))
+            metric_variables.extend([] for _ in range(1, num_towers))
+            copied = True
+            break
+          per_tower_reason = (
+              replication.not_cloned_reason or
+              'tower 0 made no TowerOptimizer.apply_gradients call')
+          continue
+        per_tower_reason = cloner.reason_not_to_clone(
+            replication.tower_context_requested,
+            loss_reduction == tf1.losses.Reduction.SUM)
+        if per_tower_reason is not None:
+          tower_cloning.warn_not_cloned(per_tower_reason)
+          continue
+        if mode == ModeKeys.EVAL:
+          more_specs, metric_variables = output_copies.copied_eval_specs(
+              cloner, replication, specs[0], unscaled_loss, collections,
+              metric_variables[0])
+        else:
+          more_specs = output_copies.copied_predict_specs(
+              cloner, num_towers, specs[0])
+        specs.extend(more_specs)
+        copied = True
+        break
+      if not copied or mode == ModeKeys.TRAIN:
+        replication.check_same_optimizer_calls()
+    finally:
+      replication.cloner = None
+      collections.finish()
+    return tower_specs.merge(mode, specs, metric_variables, aggregation_device,
+                             replication.applying_tower_id)
+
+
+def _ids(items):
+  return set(id(item) for item in items)
+
+
+@contextlib.contextmanager
+def _tower_scopes(replication, tower_id):
+  """Variable and name scopes of one tower (tower 0: the caller's own).
+
+  Towers after the first reuse tower 0's variables and build under
+  `tower_<i>`; tower 0's scopes are recorded so that the gradients can be
+  applied under them (unprefixed names, like the unreplicated model).
+  """
+  with tf1.variable_scope(tf1.get_variable_scope(),
+                          reuse=True if tower_id else None,
+                          auxiliary_name_scope=False) as var_scope:
+    if tower_id:
+      with tf1.name_scope('tower_{}'.format(tower_id)):
+        yield
+    else:
+      name_scope = tf1.get_default_graph().get_name_scope()
+      replication.first_tower_scopes = (
+          var_scope, name_scope + '/' if name_scope else '')
+      yield
+
+
+def call_model_fn(model_fn, features, labels, mode, params, config):
+  """Calls `model_fn` with the arguments its signature asks for.
+
+  Raises:
+    InvalidArgumentError: if `model_fn` takes no `features`, or no `labels`
+      where there are labels.
+    InvalidTypeError: if it returns no `EstimatorSpec`.
+  """
+  accepted = fn_args(model_fn)
+  if 'features' not in accepted:
+    raise errors.InvalidArgumentError(
+        'model_fn must take a `features` argument; its arguments are {}.'
+        .format(list(accepted)))
+  kwargs = {'features': features}
+  if 'labels' in accepted:
+    kwargs['labels'] = labels
+  elif labels is not None:
+    raise errors.InvalidArgumentError(
+        'The input_fn provides labels but model_fn takes no `labels` '
+        'argument; add one to model_fn or return no labels.')
+  if 'mode' in accepted:
+    kwargs['mode'] = mode
+  if 'params' in accepted:
+    kwargs['params'] = copy.deepcopy(params)
+  if 'config' in accepted:
+    kwargs['config'] = copy.deepcopy(config)
+  spec = model_fn(**kwargs)
+  if not isinstance(spec, EstimatorSpec):
+    raise errors.InvalidTypeError(
+        'model_fn must return a tf.estimator.EstimatorSpec, got {!r} of type '
+        '{}.'.format(spec, type(spec).__name__))
+  return spec
+
+
+def check_tower(spec, tower, replication, trainable_before, per_tower_reason):
+  """Raises on what would make the replicated model differ from the original.
+
+  Args:
+    spec: the spec `model_fn` returned for `tower`.
+    tower: the `TowerContext` built.
+    replication: the `tower_context.Replication`.
+    trainable_before: ids of the trainable variables before the call.
+    per_tower_reason: why this tower is built by its own `model_fn` call
+      (None for tower 0).
+
+  Raises:
+    InvalidArgumentError: for a `train_op` made without `TowerOptimizer`, or
+      a tower after the first that created trainable variables.
+  """
+  if (spec.train_op is not None and
+      replication.num_optimizer_calls(tower.tower_id) == 0):
+    raise errors.InvalidArgumentError(
+        'model_fn returned a train_op but made no TowerOptimizer call in tower '
+        '{} of {}. Wrap optimizers with replicate.TowerOptimizer to use '
+        'replicate_model_fn with several devices.'.format(
+            tower.tower_id, tower.num_towers))
+  if not tower.tower_id:
+    return
+  unshared = [v.op.name for v in tf1.trainable_variables()
+              if id(v) not in trainable_before]
+  if unshared:
+    raise errors.InvalidArgumentError(
+        'Tower {} created trainable variables {} instead of reusing tower '
+        "0's, so the towers would train different weights. Towers are built "
+        'here by calling model_fn once per tower, because {}; such calls '
+        'share only variables made with tf.compat.v1.get_variable or '
+        'tf.compat.v1.layers (a Keras layer object or tf.Variable created '
+        'inside model_fn makes new ones on every call). Remove the reason '
+        'so that towers are copied from tower 0, or create the variables '
+        'with tf.compat.v1.get_variable.'.format(
+            tower.tower_id, unshared, per_tower_reason))
