@@ -32,6 +32,7 @@ import tensorflow as tf
 
 from replicate import errors
 from replicate import _compat
+from replicate.core import device_util
 from replicate._compat import tf1
 
 _POLL_SECS = 0.2
@@ -62,7 +63,7 @@ def needed_tasks(cluster_spec, device_filters):
 
 
 def _matches(device_filter, job, index):
-  spec = tf1.DeviceSpec.from_string(device_filter)
+  spec = device_util.parse(device_filter, 'device filter')
   return ((spec.job is None or spec.job == job) and
           (spec.task is None or spec.task == index))
 
@@ -178,9 +179,7 @@ def check_devices(tower_devices, session_devices):
 
 
 def _key(device):
-  spec = tf1.DeviceSpec.from_string(device)
-  return (spec.job, spec.task or 0, (spec.device_type or '').upper(),
-          spec.device_index or 0)
+  return device_util.canonicalize(device)
 
 
 class ClusterCheckHook(tf1.train.SessionRunHook):

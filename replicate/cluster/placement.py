@@ -20,6 +20,7 @@ and decides placement; it builds no ops.
 import numbers
 
 from replicate.cluster import cluster_check
+from replicate.core import device_util
 from replicate.towers import device_setter
 from replicate import errors
 from replicate._compat import ModeKeys
@@ -187,11 +188,11 @@ def placement(config, mode, devices, variable_placement, ps_strategy=None):
 def _local_consolidation_device(tower_devices, task_prefix):
   local = device_setter.consolidation_device(
       [_strip_task(d) for d in tower_devices])
-  return tf1.DeviceSpec.from_string(task_prefix + local).to_string()
+  return device_util.normalize(task_prefix + local)
 
 
 def _strip_task(device):
-  spec = tf1.DeviceSpec.from_string(device)
+  spec = device_util.parse(device)
   return tf1.DeviceSpec(device_type=spec.device_type,
                         device_index=spec.device_index).to_string()
 
@@ -210,9 +211,9 @@ def qualified_device(device, task_prefix, cluster_spec):
   Raises:
     InvalidArgumentError: if `device` names a job or task the cluster lacks.
   """
-  spec = tf1.DeviceSpec.from_string(device)
+  spec = device_util.parse(device)
   if spec.job is None:
-    return tf1.DeviceSpec.from_string(task_prefix + device).to_string()
+    return device_util.normalize(task_prefix + device)
   jobs = sorted(cluster_spec.jobs)
   if spec.job not in jobs:
     raise errors.InvalidArgumentError(

@@ -7,6 +7,7 @@ import enum
 
 from replicate._compat import tf1
 from replicate.core import device_check
+from replicate.core import device_util
 
 # Ops that own state and belong on a parameter device, not on a tower device.
 STATEFUL_OP_TYPES = frozenset([
@@ -74,7 +75,7 @@ def consolidation_device(devices):
     The single GPU when there is exactly one device and it is a GPU (so the
     whole model stays on it), else `/device:CPU:0`.
   """
-  if len(devices) == 1 and tf1.DeviceSpec.from_string(
+  if len(devices) == 1 and device_util.parse(
       devices[0]).device_type == 'GPU':
     return devices[0]
   return '/device:CPU:0'
@@ -127,7 +128,7 @@ def tower_device_setter(worker_device, choose_parameter_device,
   Returns:
     A function usable with `tf.device`.
   """
-  worker_spec = tf1.DeviceSpec.from_string(worker_device)
+  worker_spec = device_util.parse(worker_device)
   # Most ops request the same few devices (usually none): parsing and merging
   # device strings for every op would cost more than building some ops.
   placed = {}
@@ -139,8 +140,8 @@ def tower_device_setter(worker_device, choose_parameter_device,
     if requested_devices is not None:
       requested_devices[op.name] = requested
     if op_type in STATEFUL_OP_TYPES:
-      spec = tf1.DeviceSpec.from_string(choose_parameter_device(op))
-      spec.merge_from(tf1.DeviceSpec.from_string(requested))
+      spec = device_util.parse(choose_parameter_device(op))
+      spec.merge_from(device_util.parse(requested))
       return spec.to_string()
     device = placed.get(requested)
     if device is None:
@@ -161,17 +162,17 @@ def tower_device(requested, worker_device):
   Returns:
     The device string.
   """
-  return _tower_placement(requested, tf1.DeviceSpec.from_string(worker_device))
+  return _tower_placement(requested, device_util.parse(worker_device))
 
 
 def _tower_placement(requested, worker_spec):
-  current = tf1.DeviceSpec.from_string(requested)
+  current = device_util.parse(requested)
   if _on_another_task(current, worker_spec):
     # Placed explicitly on another task, e.g. SyncReplicasOptimizer's token
     # queue next to the global step on a ps: this tower's device type and
     # index mean nothing there.
     return current.to_string()
-  spec = tf1.DeviceSpec.from_string(worker_spec.to_string())
+  spec = device_util.parse(worker_spec.to_string())
   spec.merge_from(current)
   return spec.to_string()
 
