@@ -12,9 +12,9 @@ from replicate.version import __version__
 
 _SUPPORTED = ('TensorFlow 1.15 on Python 3.7, or TensorFlow 2.x up to 2.15 '
               'with tensorflow-estimator (tested: 1.15.5, 2.15.1)')
-_INSTALL = ("pip install 'tf-replicate[tf]' (TF 1.15, Python 3.7) or "
-            "pip install 'tf-replicate[tf2]' (TF 2.15, Python 3.9-3.11); "
-            "from a clone: pip install -e '.[tf]' or '.[tf2]'")
+_INSTALL = ("pip install 'tf-replicate[tf]' (Python 3.7: TF 1.15; Python "
+            "3.9-3.11: TF 2.15 with tensorflow-estimator); from a clone: "
+            "pip install -e '.[tf]'")
 
 
 def _check_tensorflow():
