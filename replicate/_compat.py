@@ -350,10 +350,11 @@ def building_saved_model():
   `export_savedmodel`, `experimental_export_all_saved_models`, the
   `Exporter`s of `train_and_evaluate`) calls `model_fn` from, in TF 1.15 and
   TF 2.15 alike. Where that frame has the local `g` (the graph the method
-  opened), it must be the default graph. The walk costs a few microseconds
-  per `model_fn` call. If a future tensorflow_estimator renamed the method,
-  exports would again hold the towers (as before this check), but
-  `predict()` can never be taken for an export.
+  opened), it must be the default graph. The walk costs tens of
+  microseconds per `model_fn` call, i.e. per graph built. If a future
+  tensorflow_estimator renamed the method, exports would again hold the
+  towers (as before this check), but `predict()` can never be taken for an
+  export.
 
   Returns:
     A bool.
