@@ -1,10 +1,12 @@
 """The lowest layer: what every other subpackage shares.
 
-Holds device strings (`device_util`: the one parser and canonical form),
+Holds device strings (`device_util`: the one parser and canonical form) and
+the one check of tower devices against the session (`device_check`),
 packing of same-shaped tensors into one (`packing`), the reduce-op enum
-(`reduce_util`), argument checks (`checks`) and the performance knobs
-(`tuning`: one immutable `Tuning`, changed only through `set_tuning` or
-`tuning_scope`).
+(`reduce_util`), argument checks (`checks`), logging through
+`tf.compat.v1.logging` (`logs`), gradient compression (`compression`) and
+the performance knobs (`tuning`: one immutable `Tuning`, changed only
+through `set_tuning` or `tuning_scope`).
 
 May import: `replicate.errors`, `replicate._compat` and nothing else of
 `replicate`.

@@ -4,7 +4,8 @@ Holds the per-device value types (`values`), the `CrossTowerOps` API with
 reduction to one device (`cross_tower_base`), packed reduction
 (`packed_reduction`), all-reduce algorithms (`all_reduce`), all-reduce
 within one machine (`batch_all_reduce`, `all_reduce_ops`) and across workers
-(`multi_worker_ops`). Algorithms are plain functions over per-device lists;
+(`multi_worker_ops`), contrib's packer classes (`packers`) and TF
+1.14/1.15's class names (`tf_names`). Algorithms are plain functions over per-device lists;
 the classes decide placement. `replicate/cross_tower_ops.py` is the public
 facade.
 
