@@ -325,6 +325,9 @@ def _wrapper_and_fn(tf, config, model, timings):
     model_fn, timed = _make_model_fn(tf, model, identity, timings)
     return timed(model_fn), None
   if config == 'contrib':
+    if not hasattr(tf, 'contrib'):
+      # TF 2.x: run with the TF 2.15 venv's python, contrib rows are n/a.
+      raise NotApplicable('tf.contrib is not in TF {}'.format(tf.__version__))
     contrib_est = tf.contrib.estimator
     model_fn, timed = _make_model_fn(tf, model, contrib_est.TowerOptimizer,
                                      timings)
