@@ -13,15 +13,15 @@ called once, for tower 0, the others copies of it), and merges the towers'
 A graph the Estimator builds for a SavedModel gets the unreplicated model
 instead, which serves on any device (replicate/towers/serving.py).
 """
-from replicate.core import device_check
-from replicate.cluster import placement as cluster_placement
-from replicate.towers import device_setter
 from replicate import errors
+from replicate._compat import building_saved_model
+from replicate._compat import ModeKeys
+from replicate._compat import tf1
+from replicate.cluster import placement as cluster_placement
+from replicate.core import device_check
+from replicate.towers import device_setter
 from replicate.towers import serving
 from replicate.towers import tower_build as tower_build_lib
-from replicate._compat import ModeKeys
-from replicate._compat import building_saved_model
-from replicate._compat import tf1
 from replicate.towers.device_setter import VariablePlacement
 from replicate.towers.tower_cloning import TowerBuild
 

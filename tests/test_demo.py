@@ -39,8 +39,9 @@ class DemoTest(tf.test.TestCase):
     lines = output.getvalue().splitlines()
     # A line every 250 steps and one for the last step.
     self.assertEqual(['step   250', 'step   400'],
-                     [l[:10] for l in lines if l.startswith('step')])
-    self.assertTrue([l for l in lines if 'reloaded on 1 CPU' in l], lines)
+                     [line[:10] for line in lines if line.startswith('step')])
+    self.assertTrue([line for line in lines if 'reloaded on 1 CPU' in line],
+                    lines)
     self.assertTrue(glob.glob(os.path.join(model_dir, 'export', '*',
                                            'saved_model.pb')))
     # The training loss is 'loss' in TensorBoard, as the evaluation's.

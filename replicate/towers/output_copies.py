@@ -18,11 +18,11 @@ behave alike in every mode.
 """
 import tensorflow as tf
 
-from replicate.towers import tower_cloning
 from replicate._compat import ClassificationOutput
 from replicate._compat import PredictOutput
 from replicate._compat import RegressionOutput
 from replicate._compat import tf1
+from replicate.towers import tower_cloning
 
 _METRIC_COLLECTIONS = (tf1.GraphKeys.LOCAL_VARIABLES,
                        tf1.GraphKeys.METRIC_VARIABLES)

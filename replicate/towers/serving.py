@@ -10,9 +10,9 @@ split, no device pins other than those `model_fn` sets itself. The graph is
 the unreplicated model's, so its variables have the checkpoint's names and
 `TowerOptimizer` passes through to the optimizer it wraps.
 """
+from replicate._compat import tf1
 from replicate.towers import tower_build
 from replicate.towers import tower_context
-from replicate._compat import tf1
 
 # The device of the `TowerContext` an export's `model_fn` call sees: none.
 EXPORT_DEVICE = ''

@@ -11,6 +11,10 @@ import copy
 import tensorflow as tf
 
 from replicate import errors
+from replicate._compat import EstimatorSpec
+from replicate._compat import fn_args
+from replicate._compat import ModeKeys
+from replicate._compat import tf1
 from replicate.gradients import matmul_gradient
 from replicate.towers import batch_split
 from replicate.towers import device_setter
@@ -21,10 +25,6 @@ from replicate.towers import tower_context
 from replicate.towers import tower_copier
 from replicate.towers import tower_specs
 from replicate.towers.tower_cloning import TowerBuild
-from replicate._compat import EstimatorSpec
-from replicate._compat import ModeKeys
-from replicate._compat import fn_args
-from replicate._compat import tf1
 
 _PER_TOWER_REQUESTED = 'tower_build is TowerBuild.CALL_PER_TOWER'
 
@@ -81,8 +81,8 @@ def build(model_fn, features, labels, mode, params, config, placement,
     if tower_build == TowerBuild.CLONE:
       cloner = tower_copier.TowerCloner(
           graph, devices, len(graph.get_operations()), [
-              tf.nest.flatten((f, l), expand_composites=True)
-              for f, l in zip(feature_shards, label_shards)
+              tf.nest.flatten((shard, label_shard), expand_composites=True)
+              for shard, label_shard in zip(feature_shards, label_shards)
           ])
       if mode == ModeKeys.TRAIN:
         # Copied at tower 0's first TowerOptimizer.apply_gradients.

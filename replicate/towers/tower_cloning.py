@@ -37,11 +37,11 @@ tower 0 only. `TowerBuild.CALL_PER_TOWER` restores contrib's behaviour.
 """
 import enum
 
-from replicate.core import logs as logging
 import tensorflow as tf
 
-from replicate.gradients import gradient_gating
 from replicate._compat import tf1
+from replicate.core import logs as logging
+from replicate.gradients import gradient_gating
 
 
 class TowerBuild(enum.Enum):

@@ -8,12 +8,12 @@ would have put it. What to copy and when is decided in tower_cloning.py.
 """
 import tensorflow as tf
 
-from replicate.towers import device_setter
-from replicate.towers import node_defs
+from replicate._compat import tf1
 from replicate.core import device_util
 from replicate.gradients import gradient_gating
 from replicate.gradients import read_packing
-from replicate._compat import tf1
+from replicate.towers import device_setter
+from replicate.towers import node_defs
 
 # Ops that write the variable (reference or resource handle) of input 0. A
 # write of a variable the towers share is tower 0's alone, never copied: one

@@ -2,13 +2,13 @@
 import tensorflow as tf
 
 from replicate import errors
-from replicate.gradients import gradient_aggregation
 from replicate._compat import ClassificationOutput
 from replicate._compat import EstimatorSpec
 from replicate._compat import ModeKeys
 from replicate._compat import PredictOutput
 from replicate._compat import RegressionOutput
 from replicate._compat import tf1
+from replicate.gradients import gradient_aggregation
 
 
 def _summed_loss(tower_specs, device):

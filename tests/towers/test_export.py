@@ -4,21 +4,19 @@ The export graph is the unreplicated model's: no `tower_` copies, no batch
 split, no device pins; it loads in a 1-CPU session without soft placement
 and answers any batch size as the unreplicated model's export does.
 """
-import functools
 import os
 
+import model_testing as mt
 import numpy as np
 import tensorflow as tf
+from test_keras_layers import _keras_model_fn
+from test_keras_layers import keras_estimator
+from test_keras_layers import QuietEstimatorTestCase
+from test_keras_layers import train_input_fn
 
-import replicate
 from replicate import _compat
 from replicate._compat import tf1
-
-import model_testing as mt
-from test_keras_layers import QuietEstimatorTestCase
-from test_keras_layers import keras_estimator
-from test_keras_layers import train_input_fn
-from test_keras_layers import _keras_model_fn
+from replicate.towers import serving
 
 _SERVE = tf1.saved_model.tag_constants.SERVING
 
@@ -118,6 +116,27 @@ class ExportTest(QuietEstimatorTestCase):
           tf1.saved_model.loader.load(sess, tags, path)
           self.assertEqual([], [op.name for op in graph.get_operations()
                                 if 'tower_' in op.name], tags)
+
+
+class ExportGraphTest(tf.test.TestCase):
+
+  def test_only_the_pins_of_model_fn_stay(self):
+    def model_fn(features, labels, mode):
+      del labels
+      hidden = tf.keras.layers.Dense(4)(features['x'])
+      with tf.device('/device:CPU:0'):  # the user's own pin
+        logits = tf.keras.layers.Dense(1, name='logits')(hidden)
+      return tf1.estimator.EstimatorSpec(mode, predictions=logits)
+
+    with tf.Graph().as_default() as graph:
+      tf1.train.get_or_create_global_step()
+      spec = serving.build_for_export(
+          model_fn, {'x': tf1.placeholder(tf.float32, [None, 3])}, None,
+          mt.PREDICT, None, None, tf1.losses.Reduction.MEAN)
+    self.assertEqual((None, 1), tuple(spec.predictions.shape.as_list()))
+    pinned = set(op.name.split('/')[0] for op in graph.get_operations()
+                 if op.device)
+    self.assertEqual({'logits'}, pinned)
 
 
 class ExportDetectionTest(QuietEstimatorTestCase):

@@ -8,13 +8,12 @@ make one set of variables that every tower uses.
 import functools
 import os
 
+import model_testing as mt
 import numpy as np
 import tensorflow as tf
 
 import replicate
 from replicate._compat import tf1
-
-import model_testing as mt
 
 _NUM_TOWERS = 4
 _BATCH = 8

@@ -1,12 +1,11 @@
 """Every misuse of replicate_model_fn / TowerOptimizer raises a clear error."""
+import model_testing as mt
 import numpy as np
 import tensorflow as tf
 
 import replicate
 from replicate import errors
 from replicate._compat import tf1
-
-import model_testing as mt
 
 
 def _spec(mode, loss, train_op=None, **kwargs):

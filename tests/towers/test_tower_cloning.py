@@ -4,16 +4,14 @@ import functools
 from unittest import mock
 
 from absl.testing import parameterized
+import model_testing as mt
 import numpy as np
 import tensorflow as tf
 
 import replicate
 from replicate import errors
-from replicate.towers import tower_cloning
-from replicate._compat import IS_TF2
 from replicate._compat import tf1
-
-import model_testing as mt
+from replicate.towers import tower_cloning
 
 CLONE = replicate.TowerBuild.CLONE
 PER_TOWER = replicate.TowerBuild.CALL_PER_TOWER
@@ -261,8 +259,8 @@ class CloneGraphTest(tf.test.TestCase):
     losses = graph.get_collection(tf1.GraphKeys.LOSSES)
     self.assertLen(losses, 4)
     self.assertEqual(['', 'tower_1/', 'tower_2/', 'tower_3/'],
-                     [l.op.name[:len(l.op.name) - len(losses[0].op.name)]
-                      for l in losses])
+                     [loss.op.name[:len(loss.op.name) - len(losses[0].op.name)]
+                      for loss in losses])
     # The spec's loss adds the four scaled tower losses.
     self.assertEqual('AddN', spec.loss.op.type)
     self.assertLen(spec.loss.op.inputs, 4)
