@@ -241,17 +241,22 @@ class LostTaskTest(tf.test.TestCase):
     worker = _NotATfServer()
     cluster = {'ps': [_address()], 'chief': [_address()],
                'worker': [worker.address]}
-    _server(cluster, 'ps', num_cpus=1)
+    ps = _server(cluster, 'ps', num_cpus=1)
     _server(cluster, 'chief')
     result = {}
     start = time.time()
     with self.assertLogs(level='ERROR') as logs:
       thread = _train(
-          _run_config(cluster, 'chief', operation_timeout_in_ms=6000,
+          _run_config(cluster, 'chief', operation_timeout_in_ms=8000,
                       device_filters=['/job:ps', '/job:chief']),
           result, params={'sync_workers': 2}, input_fn=_input_fn(),
           max_steps=3)
-      time.sleep(3)
+      # The chief's session exists (it initialized the model), so its
+      # watcher has seen the worker up; then the worker's process ends.
+      while _read_global_step(ps.target) is None:
+        self.assertLess(time.time() - start, _JOIN_SECS, result)
+        time.sleep(0.1)
+      time.sleep(2)
       worker.close()
       thread.join(_JOIN_SECS)
     self.assertFalse(thread.is_alive())
@@ -299,8 +304,10 @@ def _read_global_step(ps_target):
     with tf1.device('/job:ps/task:0'):
       step = tf1.get_variable('global_step', [], tf.int64, trainable=False)
       ready = tf1.is_variable_initialized(step)
+    # Filtered to the ps: a session that needs another task waits for it
+    # without bound.
     with tf1.Session(ps_target, config=tf1.ConfigProto(
-        operation_timeout_in_ms=5000)) as sess:
+        operation_timeout_in_ms=5000, device_filters=['/job:ps'])) as sess:
       return sess.run(step) if sess.run(ready) else None
 
 
@@ -312,7 +319,7 @@ def _close_sync_token_queue(ps_target):
                             shared_name='sync_token_q')
       close = queue.close(cancel_pending_enqueues=True)
     with tf1.Session(ps_target, config=tf1.ConfigProto(
-        operation_timeout_in_ms=5000)) as sess:
+        operation_timeout_in_ms=5000, device_filters=['/job:ps'])) as sess:
       sess.run(close)
 
 
