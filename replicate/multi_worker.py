@@ -24,8 +24,8 @@ does before a training session is created.
 """
 
 from replicate import errors
-from replicate.cluster import cluster_check
 from replicate._compat import tf1
+from replicate.cluster import cluster_check
 
 
 def _check_job(cluster_spec, job):

@@ -26,14 +26,13 @@ import socket
 import threading
 import time
 
-from replicate.core import logs as logging
-
 import tensorflow as tf
 
-from replicate import errors
 from replicate import _compat
-from replicate.core import device_util
+from replicate import errors
 from replicate._compat import tf1
+from replicate.core import device_util
+from replicate.core import logs as logging
 
 _POLL_SECS = 0.2
 # One TF probe of a task waits at most this long (and never past the

@@ -19,12 +19,12 @@ and decides placement; it builds no ops.
 """
 import numbers
 
-from replicate.cluster import cluster_check
-from replicate.core import device_util
-from replicate.towers import device_setter
 from replicate import errors
 from replicate._compat import ModeKeys
 from replicate._compat import tf1
+from replicate.cluster import cluster_check
+from replicate.core import device_util
+from replicate.towers import device_setter
 from replicate.towers.device_setter import VariablePlacement
 
 PS_JOB = 'ps'

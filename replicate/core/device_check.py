@@ -7,12 +7,11 @@ the devices a session will really have (`check_devices_exist`), because
 soft placement would otherwise run a tower on a device the session lacks
 silently somewhere else.
 """
-from replicate.core import logs as logging
-
-from replicate import errors
 from replicate import _compat
+from replicate import errors
 from replicate._compat import tf1
 from replicate.core import device_util
+from replicate.core import logs as logging
 
 
 def default_devices():

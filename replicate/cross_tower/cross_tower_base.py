@@ -8,13 +8,13 @@ values, or destinations its fast path cannot serve).
 """
 import tensorflow as tf
 
-from replicate.core import device_util
 from replicate import errors
-from replicate.cross_tower import packed_reduction
-from replicate.core import reduce_util
-from replicate.cross_tower import values as values_lib
-from replicate.core.reduce_util import ReduceOp
 from replicate._compat import tf1
+from replicate.core import device_util
+from replicate.core import reduce_util
+from replicate.core.reduce_util import ReduceOp
+from replicate.cross_tower import packed_reduction
+from replicate.cross_tower import values as values_lib
 
 
 def tensors_on_devices(per_device_value):

@@ -18,8 +18,8 @@ import numpy as np
 import tensorflow as tf
 
 import replicate
-from replicate.cluster import cluster_check
 from replicate._compat import tf1
+from replicate.cluster import cluster_check
 
 _JOIN_SECS = 60
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(

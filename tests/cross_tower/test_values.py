@@ -3,11 +3,11 @@ from absl.testing import parameterized
 import tensorflow as tf
 
 import replicate
-from replicate.core import device_util
 from replicate import errors
+from replicate._compat import tf1
+from replicate.core import device_util
 from replicate.core import reduce_util
 from replicate.cross_tower import values
-from replicate._compat import tf1
 
 _CPU0 = '/job:localhost/replica:0/task:0/device:CPU:0'
 _CPU1 = '/job:localhost/replica:0/task:0/device:CPU:1'

@@ -9,14 +9,13 @@ device, instead of silently training both towers on CPU:0.
 import tempfile
 
 from absl.testing import parameterized
+import model_testing as mt
 import numpy as np
 import tensorflow as tf
 
 import replicate
 from replicate import errors
 from replicate._compat import tf1
-
-import model_testing as mt
 
 _CPU1_SPELLINGS = ('/cpu:1', 'CPU:1', '/device:CPU:1', '/device:cpu:1',
                    '/job:localhost/replica:0/task:0/device:CPU:1',
