@@ -58,19 +58,6 @@ def fn_args(fn):
                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
-def variable_store_names():
-  """The names of the variables `tf.compat.v1.get_variable` can reuse.
-
-  A variable made otherwise (`tf.Variable`, a Keras layer object) is created
-  anew by every call of the code that makes it.
-
-  Returns:
-    A container of variable names (`in` is all it supports).
-  """
-  from tensorflow.python.ops import variable_scope  # pylint: disable=g-import-not-at-top
-  return variable_scope._get_default_variable_store()._vars  # pylint: disable=protected-access
-
-
 # --- cross_tower_ops ---
 # The device scope of the default graph, NCCL and collective ops, and the
 # local device list (with GPU link topology). The private modules are imported
