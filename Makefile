@@ -20,14 +20,16 @@ PYTEST_ARGS ?= -q -p no:cacheprovider
 demo: $(VENV_TF1)/.installed
 	$(VENV_TF1)/bin/python examples/digits_demo.py $(DEMO_ARGS)
 
-# Runs both suites even when the first fails, then fails if either failed.
+# Lints, then runs both suites even when something fails; fails if any did.
 test: $(VENV_TF1)/.installed $(VENV_TF2)/.installed
 	@rc=0; \
+	echo "=== lint (ruff) ==="; \
+	$(VENV_TF2)/bin/ruff check . || rc=1; \
 	echo "=== TF 1.15 (Python 3.7) ==="; \
 	$(VENV_TF1)/bin/python -m pytest tests $(PYTEST_ARGS) || rc=1; \
 	echo "=== TF 2.15 (Python 3.11) ==="; \
 	$(VENV_TF2)/bin/python -m pytest tests $(PYTEST_ARGS) || rc=1; \
-	if [ $$rc -ne 0 ]; then echo "FAILED: at least one TensorFlow suite failed"; fi; \
+	if [ $$rc -ne 0 ]; then echo "FAILED: lint or at least one TensorFlow suite failed"; fi; \
 	exit $$rc
 
 # pyflakes and import order (ruff.toml); tests/test_architecture.py checks

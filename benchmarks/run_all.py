@@ -256,7 +256,7 @@ def write_markdown(results, path):
 
 def _plot_python():
   try:
-    import matplotlib  # pylint: disable=g-import-not-at-top,unused-import
+    import matplotlib  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
     return sys.executable
   except ImportError:
     pass

@@ -56,7 +56,7 @@ def _check_tensorflow():
             _SUPPORTED, version, python, why, _INSTALL))
   if major_minor[0] == 2:
     try:
-      import tensorflow_estimator  # pylint: disable=unused-import
+      import tensorflow_estimator  # noqa: F401  pylint: disable=unused-import
     except ImportError:
       raise ImportError(
           'replicate needs {}; TensorFlow {} is installed (Python {}) '

@@ -22,7 +22,9 @@ from replicate.cross_tower.all_reduce_ops import choose_for
 from replicate.cross_tower.all_reduce_ops import choose_the_best
 from replicate.cross_tower.all_reduce_ops import has_dgx1_like_links
 from replicate.cross_tower.cross_tower_base import CrossTowerOps
-from replicate.cross_tower.cross_tower_base import ReductionToOneDeviceCrossTowerOps
+from replicate.cross_tower.cross_tower_base import (
+    ReductionToOneDeviceCrossTowerOps,
+)
 from replicate.cross_tower.multi_worker_ops import AllReduceSpecTuple
 from replicate.cross_tower.multi_worker_ops import CollectiveAllReduce
 from replicate.cross_tower.multi_worker_ops import CollectiveKeys

@@ -34,7 +34,9 @@ from replicate.strategy.input_lib import InputReplicationMode
 from replicate.strategy.replica_context import ReplicaContext
 from replicate.strategy.strategy_base import get_loss_reduction
 from replicate.strategy.strategy_base import Strategy
-from replicate.strategy.strategy_extended import require_cross_replica_or_default_context
+from replicate.strategy.strategy_extended import (
+    require_cross_replica_or_default_context,
+)
 from replicate.strategy.strategy_extended import require_replica_context
 from replicate.strategy.strategy_extended import StrategyExtended
 

@@ -4,6 +4,8 @@ A facade: the strategy is in `replicate/strategy/mirrored_strategy.py`, its
 gradient route in `replicate/strategy/mirrored_gradients.py`.
 """
 # pylint: disable=g-importing-member,unused-import
-from replicate.strategy.mirrored_gradients import apply_gradients_across_replicas
+from replicate.strategy.mirrored_gradients import (
+    apply_gradients_across_replicas,
+)
 from replicate.strategy.mirrored_strategy import MirroredExtended
 from replicate.strategy.mirrored_strategy import MirroredStrategy

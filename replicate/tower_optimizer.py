@@ -11,17 +11,16 @@ import weakref
 import tensorflow as tf
 
 from replicate import errors
-from replicate.gradients import gradient_aggregation
-from replicate.gradients import gradient_gating
-from replicate.towers import tower_cloning
-from replicate.towers import tower_collections
-from replicate.towers import tower_context
 from replicate._compat import tf1
 from replicate.core import compression as compression_lib
 from replicate.core.checks import check_int
 from replicate.gradients import accumulation
+from replicate.gradients import gradient_aggregation
+from replicate.gradients import gradient_gating
 from replicate.strategy import default_strategy
-
+from replicate.towers import tower_cloning
+from replicate.towers import tower_collections
+from replicate.towers import tower_context
 
 # The graphs in which a TowerOptimizer was used (`has_been_used`); weak, so a
 # graph that goes away leaves it.

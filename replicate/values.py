@@ -4,9 +4,9 @@ A facade: the types live in `replicate/cross_tower/values.py`.
 """
 # pylint: disable=g-importing-member,unused-import
 from replicate.cross_tower.values import DistributedValues
+from replicate.cross_tower.values import get_devices_from
 from replicate.cross_tower.values import Mirrored
 from replicate.cross_tower.values import PerDevice
 from replicate.cross_tower.values import PerReplica
-from replicate.cross_tower.values import get_devices_from
 from replicate.cross_tower.values import regroup
 from replicate.cross_tower.values import select_device

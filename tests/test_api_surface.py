@@ -409,7 +409,9 @@ class Tf115OriginalsTest(tf.test.TestCase):
                        '{}.{}'.format(ours.__name__, member))
 
   def test_replicate_model_fn_module(self):
-    from tensorflow_estimator.contrib.estimator.python.estimator import replicate_model_fn as contrib  # pylint: disable=g-import-not-at-top
+    from tensorflow_estimator.contrib.estimator.python.estimator import (
+      replicate_model_fn as contrib,  # pylint: disable=g-import-not-at-top
+    )
     self.assertEqual(_parameters(contrib.replicate_model_fn),
                      _parameters(model_fn.replicate_model_fn)[:3])
     self.assertEqual(tower_optimizer.TowerOptimizer.COLLECTION_FOR_GRAPH_STATES,

@@ -3,15 +3,13 @@ location in warnings, and the errors that name the supported route."""
 import logging
 import tempfile
 
-import numpy as np
+import model_testing as mt
 import tensorflow as tf
 
 import replicate
 from replicate import cross_tower_ops
 from replicate import errors
 from replicate.core import logs
-
-import model_testing as mt
 
 
 def _input_fn():

@@ -14,9 +14,9 @@ import collections
 import numpy as np
 import tensorflow as tf
 
+from replicate import errors
 from replicate.core import device_util
 from replicate.core import tuning as tuning_lib
-from replicate import errors
 
 _Group = collections.namedtuple('_Group', ['positions', 'shapes', 'sizes'])
 _PackInfo = collections.namedtuple('_PackInfo', ['device_vars', 'plan'])

@@ -17,9 +17,9 @@ import collections
 
 import tensorflow as tf
 
-from replicate.core import device_util
-from replicate import errors
 from replicate import _compat
+from replicate import errors
+from replicate.core import device_util
 
 
 def _placed_on(tensor):

@@ -3,17 +3,19 @@ cross-tower ops for a set of local devices (`choose_the_best`).
 """
 import enum
 
-from replicate.core import logs as logging
 import tensorflow as tf
 
-from replicate.cross_tower import all_reduce
-from replicate.core import device_util
-from replicate import errors
-from replicate.cross_tower import values as values_lib
 from replicate import _compat
-from replicate.cross_tower.batch_all_reduce import BatchAllReduceBase
+from replicate import errors
+from replicate.core import device_util
+from replicate.core import logs as logging
 from replicate.core.checks import check_int
-from replicate.cross_tower.cross_tower_base import ReductionToOneDeviceCrossTowerOps
+from replicate.cross_tower import all_reduce
+from replicate.cross_tower import values as values_lib
+from replicate.cross_tower.batch_all_reduce import BatchAllReduceBase
+from replicate.cross_tower.cross_tower_base import (
+  ReductionToOneDeviceCrossTowerOps,
+)
 
 
 class AllReduceAlgorithm(enum.Enum):

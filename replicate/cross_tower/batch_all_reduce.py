@@ -4,18 +4,19 @@
 devices through packing and a subclass's all-reduce; everything else goes to
 reduction to one device, with one warning per call that says why.
 """
-from replicate.core import logs as logging
 import tensorflow as tf
 
-from replicate.cross_tower import cross_tower_base
-from replicate.core import device_util
 from replicate import errors
-from replicate.core.checks import check_int
+from replicate.core import device_util
+from replicate.core import logs as logging
 from replicate.core import packing
+from replicate.core.reduce_util import ReduceOp
+from replicate.cross_tower import cross_tower_base
 from replicate.cross_tower import values as values_lib
 from replicate.cross_tower.cross_tower_base import CrossTowerOps
-from replicate.cross_tower.cross_tower_base import ReductionToOneDeviceCrossTowerOps
-from replicate.core.reduce_util import ReduceOp
+from replicate.cross_tower.cross_tower_base import (
+  ReductionToOneDeviceCrossTowerOps,
+)
 
 
 def make_packer(num_packs, agg_small_grads_max_bytes,

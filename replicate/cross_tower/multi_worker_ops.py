@@ -11,16 +11,16 @@ import threading
 
 import tensorflow as tf
 
+from replicate import _compat
+from replicate import errors
+from replicate.core import device_util
+from replicate.core.checks import check_int
+from replicate.core.reduce_util import ReduceOp
 from replicate.cross_tower import all_reduce
 from replicate.cross_tower import cross_tower_base
-from replicate.core import device_util
-from replicate import errors
 from replicate.cross_tower import values as values_lib
-from replicate import _compat
 from replicate.cross_tower.batch_all_reduce import BatchAllReduceBase
-from replicate.core.checks import check_int
 from replicate.cross_tower.batch_all_reduce import placed_on
-from replicate.core.reduce_util import ReduceOp
 
 # Algorithm names of the all-reduce spec. A "/" means two levels: within a
 # worker, then across workers.

@@ -28,7 +28,6 @@ from replicate.core import tuning as tuning_lib
 from replicate.cross_tower import values as values_lib
 
 
-
 def batch_reduce_packed(value_destination_pairs, reduce_fn, reduce_to_device):
   """Reduces the packable values of a `batch_reduce` in packs.
 

@@ -7,9 +7,9 @@ device (`/gpu:0`, `/device:GPU:0`, fully qualified) finds the same value.
 
 import tensorflow as tf
 
-from replicate.core import device_util
-from replicate import errors
 from replicate import _compat
+from replicate import errors
+from replicate.core import device_util
 
 
 class DistributedValues(object):

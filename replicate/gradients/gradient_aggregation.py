@@ -11,15 +11,14 @@ why they pay off: docs/performance.md.
 """
 import collections
 
-from replicate.core import logs as logging
 import tensorflow as tf
 
+from replicate._compat import tf1
 from replicate.core import device_util
-from replicate.gradients import gradient_gating
+from replicate.core import logs as logging
 from replicate.core import packing
 from replicate.core import tuning as tuning_lib
-from replicate._compat import tf1
-
+from replicate.gradients import gradient_gating
 
 
 def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None,

@@ -24,9 +24,9 @@ import contextlib
 
 import tensorflow as tf
 
+from replicate._compat import tf1
 from replicate.core import device_util
 from replicate.core import tuning
-from replicate._compat import tf1
 
 GRADIENT_NAME = 'ReplicateCpuMatMul'
 

@@ -21,6 +21,7 @@ from replicate.core import device_util
 from replicate.core import packing
 from replicate.core import tuning
 
+
 def tower_copies(reads, tower_devices, pack_max_bytes=None):
   """Packed copies of variable reads for the towers that receive them.
 

@@ -6,12 +6,12 @@ are identities and its updates run once, next to the variable.
 """
 import tensorflow as tf
 
-from replicate.strategy import distribute_context
-from replicate import errors
-from replicate.strategy import input_lib
-from replicate.cross_tower import values as values_lib
 from replicate import _compat
+from replicate import errors
 from replicate._compat import tf1
+from replicate.cross_tower import values as values_lib
+from replicate.strategy import distribute_context
+from replicate.strategy import input_lib
 from replicate.strategy.distribute_context import UpdateContext
 from replicate.strategy.replica_context import ReplicaContext
 from replicate.strategy.strategy_base import Strategy

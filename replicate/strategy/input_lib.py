@@ -7,16 +7,16 @@ elements of the dataset it returns, in replica order. `DistributedDataset`
 (`Strategy.experimental_distribute_dataset`) makes `DatasetIterator`s,
 initializable or one-shot.
 """
-import numpy as np
 import enum
 
+import numpy as np
 import tensorflow as tf
 
-from replicate.strategy import distribute_context
 from replicate import errors
-from replicate.cross_tower import values as values_lib
 from replicate._compat import tf1
 from replicate.core.checks import check_int
+from replicate.cross_tower import values as values_lib
+from replicate.strategy import distribute_context
 
 
 class InputReplicationMode(enum.Enum):

@@ -28,18 +28,17 @@ import threading
 
 import tensorflow as tf
 
+from replicate import _compat
+from replicate import errors
+from replicate._compat import tf1
 from replicate.core import logs as logging
-
+from replicate.core import reduce_util
+from replicate.cross_tower import values as values_lib
+from replicate.gradients import matmul_gradient
 from replicate.strategy import default_strategy
 from replicate.strategy import distribute_context
 from replicate.strategy import mirrored_gradients
 from replicate.strategy import replica_context
-from replicate import errors
-from replicate.gradients import matmul_gradient
-from replicate.core import reduce_util
-from replicate.cross_tower import values as values_lib
-from replicate import _compat
-from replicate._compat import tf1
 
 # How long the main thread waits for an aborted replica thread to exit before
 # giving up on it (it is a daemon thread, so it cannot keep the process alive).

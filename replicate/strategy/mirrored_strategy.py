@@ -14,23 +14,22 @@ import weakref
 
 import tensorflow as tf
 
-from replicate.cross_tower import cross_tower_base
-from replicate.cross_tower import all_reduce_ops
+from replicate import errors
+from replicate._compat import tf1
 from replicate.core import device_check
 from replicate.core import device_util
+from replicate.core.reduce_util import ReduceOp
+from replicate.cross_tower import all_reduce_ops
+from replicate.cross_tower import cross_tower_base
+from replicate.cross_tower import values as values_lib
 from replicate.strategy import default_strategy
 from replicate.strategy import distribute_context
-from replicate import errors
 from replicate.strategy import input_lib
 from replicate.strategy import mirrored_run
 from replicate.strategy import strategy_base
 from replicate.strategy import strategy_extended
-from replicate.cross_tower import values as values_lib
-from replicate._compat import tf1
 from replicate.strategy.mirrored_values import MirroredVariable
 from replicate.strategy.sync_on_read import SyncOnReadVariable
-from replicate.core.reduce_util import ReduceOp
-
 
 # Collections variables may add themselves to, whatever they were asked.
 _VARIABLE_COLLECTIONS = (tf1.GraphKeys.GLOBAL_VARIABLES,

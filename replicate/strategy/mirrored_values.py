@@ -18,12 +18,12 @@ every copy gets the replicas' values combined by the variable's
 """
 import tensorflow as tf
 
-from replicate.strategy import default_strategy
-from replicate.strategy import distribute_context
+from replicate import _compat
 from replicate import errors
 from replicate.core import reduce_util
 from replicate.cross_tower import values as values_lib
-from replicate import _compat
+from replicate.strategy import default_strategy
+from replicate.strategy import distribute_context
 
 
 class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):

@@ -5,9 +5,9 @@ strategies with several replicas subclass it (see `mirrored_run`).
 """
 import tensorflow as tf
 
-from replicate.strategy import distribute_context
 from replicate import errors
 from replicate.core import reduce_util
+from replicate.strategy import distribute_context
 from replicate.strategy.strategy_extended import describe_strategy
 from replicate.strategy.strategy_extended import require_replica_context
 

@@ -10,12 +10,14 @@ import tensorflow as tf
 from replicate import errors
 from replicate._compat import tf1
 from replicate.core import reduce_util
-from replicate.core.reduce_util import ReduceOp
 from replicate.core.checks import check_int
+from replicate.core.reduce_util import ReduceOp
 from replicate.strategy import input_lib
 from replicate.strategy.input_lib import InputContext
 from replicate.strategy.input_lib import InputReplicationMode
-from replicate.strategy.strategy_extended import require_cross_replica_or_default_context
+from replicate.strategy.strategy_extended import (
+  require_cross_replica_or_default_context,
+)
 
 
 class Strategy(object):

@@ -8,13 +8,13 @@ subclass implements. `require_cross_replica_or_default_context` and
 import contextlib
 import copy
 
-from replicate.strategy import distribute_context
 from replicate import errors
-from replicate.strategy import input_lib
-from replicate.core import reduce_util
-from replicate.cross_tower import values as values_lib
 from replicate._compat import tf1
+from replicate.core import reduce_util
 from replicate.core.checks import check_int
+from replicate.cross_tower import values as values_lib
+from replicate.strategy import distribute_context
+from replicate.strategy import input_lib
 
 
 def _wrong_strategy_error(strategy, context):

@@ -32,13 +32,13 @@ outside the replicas), so a metric never reads one replica's partial count.
 """
 import tensorflow as tf
 
-from replicate.strategy import default_strategy
-from replicate.strategy import distribute_context
+from replicate import _compat
 from replicate import errors
+from replicate._compat import tf1
 from replicate.core import reduce_util
 from replicate.cross_tower import values as values_lib
-from replicate import _compat
-from replicate._compat import tf1
+from replicate.strategy import default_strategy
+from replicate.strategy import distribute_context
 from replicate.strategy.mirrored_values import MirroredVariable
 
 

@@ -4,12 +4,12 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
-from replicate.core import device_util
 from replicate import errors
-from replicate.core import packing
-from replicate.core import tuning
 from replicate import testing
 from replicate._compat import tf1
+from replicate.core import device_util
+from replicate.core import packing
+from replicate.core import tuning
 
 _DEVICES = testing.virtual_cpu_devices(2)
 # (shape, dtype) per gradient: mixed sizes and dtypes, one float64 in between.

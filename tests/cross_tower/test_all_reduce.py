@@ -5,12 +5,12 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
-from replicate.cross_tower import all_reduce
-from replicate.core import device_util
+from replicate import _compat
 from replicate import errors
 from replicate import testing
-from replicate import _compat
 from replicate._compat import tf1
+from replicate.core import device_util
+from replicate.cross_tower import all_reduce
 
 _CPUS = testing.virtual_cpu_devices(4)
 _NUM_GPUS = len(_compat.local_gpu_devices())

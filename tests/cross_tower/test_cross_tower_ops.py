@@ -2,20 +2,19 @@
 import unittest
 
 from absl.testing import parameterized
+import ctops_testlib as lib
 import numpy as np
 import tensorflow as tf
 
 import replicate
+from replicate import _compat
 from replicate import cross_tower_ops
-from replicate.core import device_util
 from replicate import errors
 from replicate import testing
-from replicate.cross_tower import values
-from replicate import _compat
 from replicate._compat import tf1
+from replicate.core import device_util
 from replicate.core.reduce_util import ReduceOp
-
-import ctops_testlib as lib
+from replicate.cross_tower import values
 
 _DEVICES = testing.virtual_cpu_devices(4)
 _CANONICAL = [device_util.canonicalize(d) for d in _DEVICES]

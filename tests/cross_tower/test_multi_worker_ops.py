@@ -9,20 +9,19 @@ import atexit
 import threading
 
 from absl.testing import parameterized
+import ctops_testlib as lib
 import numpy as np
 import tensorflow as tf
 
 import replicate
-from replicate.core import device_util
-from replicate import errors
-from replicate.cross_tower import multi_worker_ops
-from replicate import testing
-from replicate.cross_tower import values
 from replicate import _compat
+from replicate import errors
+from replicate import testing
 from replicate._compat import tf1
+from replicate.core import device_util
 from replicate.core.reduce_util import ReduceOp
-
-import ctops_testlib as lib
+from replicate.cross_tower import multi_worker_ops
+from replicate.cross_tower import values
 
 _TIMEOUT_MS = 20000
 _WORKERS = ['/job:worker/task:0', '/job:worker/task:1']

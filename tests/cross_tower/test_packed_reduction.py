@@ -6,12 +6,12 @@ import numpy as np
 import tensorflow as tf
 
 import replicate
+from replicate import testing
+from replicate._compat import tf1
 from replicate.core import device_util
 from replicate.core import tuning
-from replicate import testing
-from replicate.cross_tower import values
-from replicate._compat import tf1
 from replicate.core.reduce_util import ReduceOp
+from replicate.cross_tower import values
 
 _DEVICES = testing.virtual_cpu_devices(4)
 _CANONICAL = [device_util.canonicalize(d) for d in _DEVICES]

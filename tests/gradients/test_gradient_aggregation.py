@@ -6,10 +6,9 @@ import numpy as np
 import tensorflow as tf
 
 import replicate
-from replicate.gradients import gradient_aggregation
-from replicate.core import packing
-from replicate.core import tuning
 from replicate._compat import tf1
+from replicate.core import tuning
+from replicate.gradients import gradient_aggregation
 
 _DEVICES = replicate.testing.virtual_cpu_devices(4)
 

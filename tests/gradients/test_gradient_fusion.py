@@ -4,18 +4,17 @@ import contextlib
 import functools
 
 from absl.testing import parameterized
+import model_testing as mt
 import numpy as np
 import tensorflow as tf
 
 import replicate
 from replicate import errors
-from replicate.gradients import gradient_aggregation
-from replicate.gradients import gradient_gating
 from replicate import testing
 from replicate._compat import IS_TF2
 from replicate._compat import tf1
-
-import model_testing as mt
+from replicate.gradients import gradient_aggregation
+from replicate.gradients import gradient_gating
 
 # 384 x 384 float32 = 576 KB: above Tuning.fuse_min_bytes (256 KB), so the middle
 # layer's kernel gradient is fused on virtual CPUs; the others are small.

@@ -1,14 +1,13 @@
 """The CPU tower MatMul gradient (replicate/matmul_gradient.py)."""
 from absl.testing import parameterized
+import model_testing as mt
 import numpy as np
 import tensorflow as tf
 
 import replicate
-from replicate.gradients import matmul_gradient
 from replicate import testing
 from replicate._compat import tf1
-
-import model_testing as mt
+from replicate.gradients import matmul_gradient
 
 
 def _gradients(transpose_a, transpose_b, a_shape, b_shape, device, override,

@@ -9,10 +9,10 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
-from replicate.cross_tower import all_reduce
 from replicate import testing
 from replicate._compat import IS_TF2
 from replicate._compat import tf1
+from replicate.cross_tower import all_reduce
 
 _CPUS = testing.virtual_cpu_devices(4)
 

@@ -3,14 +3,13 @@
 Skipped on TF 2.x, where tf.contrib no longer exists.
 """
 from absl.testing import parameterized
+import model_testing as mt
 import numpy as np
 import tensorflow as tf
 
 import replicate
 from replicate._compat import IS_TF2
 from replicate._compat import tf1
-
-import model_testing as mt
 
 REDUCTION = tf1.losses.Reduction
 

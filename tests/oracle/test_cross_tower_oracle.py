@@ -12,10 +12,10 @@ import numpy as np
 import tensorflow as tf
 
 import replicate
-from replicate.core import device_util
 from replicate import testing
 from replicate._compat import IS_TF2
 from replicate._compat import tf1
+from replicate.core import device_util
 
 NUM = 4
 DEVICES = [device_util.canonicalize(d)

@@ -17,14 +17,13 @@ Two references:
   that model is compared with the reference only.
 """
 from absl.testing import parameterized
+import model_testing as mt
 import numpy as np
 import tensorflow as tf
 
 import replicate
 from replicate._compat import IS_TF2
 from replicate._compat import tf1
-
-import model_testing as mt
 
 _BATCH = 16
 _NUM_IDS = 10

@@ -3,7 +3,6 @@ import copy
 import threading
 
 from absl.testing import parameterized
-import numpy as np
 import tensorflow as tf
 
 import replicate

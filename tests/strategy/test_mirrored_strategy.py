@@ -9,11 +9,10 @@ import tensorflow as tf
 import replicate
 from replicate import errors
 from replicate import mirrored_strategy
-from replicate.strategy import mirrored_values
 from replicate import testing
-from replicate.cross_tower import values
-from replicate._compat import IS_TF2
 from replicate._compat import tf1
+from replicate.cross_tower import values
+from replicate.strategy import mirrored_values
 
 NUM = 4
 DEVICES = testing.virtual_cpu_devices(NUM)
@@ -412,7 +411,7 @@ class MergeCallTest(tf.test.TestCase):
     self.assertRegex(
         str(outcome['error']),
         r'Replicas called merge_call a different number of times \(replica '
-        '0: 1, replica 1: 0, replica 2: 1, replica 3: 1\)')
+        r'0: 1, replica 1: 0, replica 2: 1, replica 3: 1\)')
     self.assertEqual(_replica_threads(), [])
 
   def test_exception_in_a_replica_surfaces(self):

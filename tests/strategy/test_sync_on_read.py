@@ -10,10 +10,10 @@ import tensorflow as tf
 
 import replicate
 from replicate import errors
-from replicate.strategy import sync_on_read
 from replicate import testing
 from replicate._compat import IS_TF2
 from replicate._compat import tf1
+from replicate.strategy import sync_on_read
 
 NUM = 4
 DEVICES = testing.virtual_cpu_devices(NUM)

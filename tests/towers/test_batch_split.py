@@ -1,9 +1,8 @@
 """Splitting features and labels into tower shards."""
-import numpy as np
 import tensorflow as tf
 
-from replicate.towers import batch_split
 from replicate._compat import tf1
+from replicate.towers import batch_split
 
 
 class SplitBatchTest(tf.test.TestCase):

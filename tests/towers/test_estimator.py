@@ -1,13 +1,11 @@
 """End to end through tf.estimator: checkpoints, datasets, SyncReplicas."""
 import time
 
-import numpy as np
+import model_testing as mt
 import tensorflow as tf
 
 import replicate
 from replicate._compat import tf1
-
-import model_testing as mt
 
 
 def _input_fn(batch_size=8, drop_remainder=True, count=None):

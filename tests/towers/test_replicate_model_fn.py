@@ -2,13 +2,12 @@
 import functools
 
 from absl.testing import parameterized
+import model_testing as mt
 import numpy as np
 import tensorflow as tf
 
 import replicate
 from replicate._compat import tf1
-
-import model_testing as mt
 
 REDUCTION = tf1.losses.Reduction
 

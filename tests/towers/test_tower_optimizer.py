@@ -1,11 +1,9 @@
 """TowerOptimizer outside and inside replicate_model_fn."""
-import numpy as np
+import model_testing as mt
 import tensorflow as tf
 
 import replicate
 from replicate._compat import tf1
-
-import model_testing as mt
 
 
 class PassThroughTest(tf.test.TestCase):
