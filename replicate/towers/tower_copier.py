@@ -6,6 +6,9 @@ per round: each copy keeps its original's op type and attributes, is named
 `tower_<i>/<original name>`, and is placed where the tower's device function
 would have put it. What to copy and when is decided in tower_cloning.py.
 """
+import contextlib
+import gc
+
 import tensorflow as tf
 
 from replicate._compat import tf1
@@ -270,7 +273,8 @@ class TowerCloner(object):
         else:
           input_map[prefix + name] = read_copies.get(
               value.name, copies.get(value.name, value))
-    with tf1.device(lambda op: devices.get(op.name, op.device)):
+    with tf1.device(lambda op: devices.get(op.name, op.device)), (
+        _collector_paused()):
       imported = tf1.import_graph_def(
           graph_def, input_map=input_map, return_elements=returned, name='')
     self._copied.update(ops)
@@ -473,3 +477,20 @@ def _read_device(read_op):
 def _input_name(tensor):
   """How a NodeDef names `tensor` as an input (`op` for output 0)."""
   return tensor.op.name if tensor.value_index == 0 else tensor.name
+
+
+@contextlib.contextmanager
+def _collector_paused():
+  """Pauses Python's cyclic garbage collector while copies are imported.
+
+  An import creates a Python `Operation` per copied op, and each batch of new
+  objects would set off a young-generation collection that scans them again
+  (hundreds per 16-tower copy). Paused, they are scanned once, after.
+  """
+  was_enabled = gc.isenabled()
+  gc.disable()
+  try:
+    yield
+  finally:
+    if was_enabled:
+      gc.enable()
