@@ -11,42 +11,37 @@ from replicate.cross_tower import values as values_lib
 from replicate.cross_tower.all_reduce_ops import AllReduceCrossTowerOps
 
 
-class NcclAllReduce(AllReduceCrossTowerOps):
+class _OneAlgorithmAllReduce(AllReduceCrossTowerOps):
+  """`AllReduceCrossTowerOps` with the algorithm fixed, built as TF 1.15's."""
+
+  _ALGORITHM = None  # Set by each subclass.
+
+  def __init__(self, num_packs=1):
+    """Builds the object.
+
+    Args:
+      num_packs: int >= 0; values are concatenated into this many packs per
+        device before the all-reduce (0: one all-reduce per value).
+
+    Raises:
+      InvalidArgumentError: if `num_packs` < 0 (a ValueError, as in TF).
+      InvalidTypeError: if `num_packs` is not an int.
+    """
+    check_int('num_packs', num_packs, 0)
+    super(_OneAlgorithmAllReduce, self).__init__(
+        all_reduce_alg=self._ALGORITHM, num_packs=num_packs)
+
+
+class NcclAllReduce(_OneAlgorithmAllReduce):
   """`AllReduceCrossTowerOps('nccl', num_packs)` under TF 1.15's name."""
 
-  def __init__(self, num_packs=1):
-    """Builds the object.
-
-    Args:
-      num_packs: int >= 0; values are concatenated into this many packs per
-        device before the all-reduce (0: one all-reduce per value).
-
-    Raises:
-      InvalidArgumentError: if `num_packs` < 0 (a ValueError, as in TF).
-      InvalidTypeError: if `num_packs` is not an int.
-    """
-    check_int('num_packs', num_packs, 0)
-    super(NcclAllReduce, self).__init__(all_reduce_alg='nccl',
-                                        num_packs=num_packs)
+  _ALGORITHM = 'nccl'
 
 
-class HierarchicalCopyAllReduce(AllReduceCrossTowerOps):
+class HierarchicalCopyAllReduce(_OneAlgorithmAllReduce):
   """`AllReduceCrossTowerOps('hierarchical_copy', num_packs)`, TF 1.15's name."""
 
-  def __init__(self, num_packs=1):
-    """Builds the object.
-
-    Args:
-      num_packs: int >= 0; values are concatenated into this many packs per
-        device before the all-reduce (0: one all-reduce per value).
-
-    Raises:
-      InvalidArgumentError: if `num_packs` < 0 (a ValueError, as in TF).
-      InvalidTypeError: if `num_packs` is not an int.
-    """
-    check_int('num_packs', num_packs, 0)
-    super(HierarchicalCopyAllReduce, self).__init__(
-        all_reduce_alg='hierarchical_copy', num_packs=num_packs)
+  _ALGORITHM = 'hierarchical_copy'
 
 
 def validate_destinations(destinations):
