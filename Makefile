@@ -65,7 +65,7 @@ $(VENV_TF2)/.installed: setup.py
 	@test -n "$(PYTHON311)" || { echo "Python 3.11 not found: install it (e.g. 'pyenv install 3.11') or pass PYTHON311=/path/to/python3.11"; exit 1; }
 	$(PYTHON311) -m venv $(VENV_TF2)
 	$(VENV_TF2)/bin/python -m pip install -q --upgrade pip setuptools wheel
-	$(VENV_TF2)/bin/python -m pip install -q -e '.[tf2,test,demo]'
+	$(VENV_TF2)/bin/python -m pip install -q -e '.[tf2,test,demo,lint]'
 	touch $@
 
 # The source distribution (tf-replicate) in dist/, then the check of its

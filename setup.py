@@ -82,6 +82,8 @@ setup(
         'test': ['pytest', 'pytest-timeout', 'absl-py'],
         'demo': ['scikit-learn'],
         'bench': ['matplotlib'],
+        # `make lint`: pinned, so that every machine sorts imports alike.
+        'lint': ['ruff==0.17.6'],
     },
     keywords=['tensorflow', 'estimator', 'distributed', 'multi-gpu',
               'data-parallel', 'contrib', 'replicate_model_fn'],
