@@ -49,9 +49,13 @@ _CHIEF_START_SECS = 120
 
 def _parse_args():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--steps', type=int, default=20)
-  parser.add_argument('--out_dir', default='/tmp/replicate_local_cluster')
-  parser.add_argument('--timeout_secs', type=float, default=240.)
+  parser.add_argument('--steps', type=int, default=20,
+                      help='synchronous training steps (global steps) to run')
+  parser.add_argument('--out_dir', default='/tmp/replicate_local_cluster',
+                      help='where the model (model/) and each task\'s final '
+                      'variables (<task>.json) go')
+  parser.add_argument('--timeout_secs', type=float, default=240.,
+                      help='the most seconds any task process may run')
   parser.add_argument('--child', action='store_true',
                       help='internal: run the task named by TF_CONFIG')
   return parser.parse_args()
