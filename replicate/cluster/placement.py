@@ -40,17 +40,21 @@ class Placement(object):
     choose_parameter_device: a function `op -> device` for stateful ops.
     aggregation_device: where the batch is split and results are gathered.
     training_hooks: hooks the TRAIN spec needs (cluster checks).
+    num_workers: how many training tasks all-reduce their towers' gradients
+      together (`VariablePlacement.REPLICATED` across workers); 1 on one
+      machine.
   """
 
   __slots__ = ('tower_devices', 'choose_parameter_device',
-               'aggregation_device', 'training_hooks')
+               'aggregation_device', 'training_hooks', 'num_workers')
 
   def __init__(self, tower_devices, choose_parameter_device,
-               aggregation_device, training_hooks=()):
+               aggregation_device, training_hooks=(), num_workers=1):
     self.tower_devices = tower_devices
     self.choose_parameter_device = choose_parameter_device
     self.aggregation_device = aggregation_device
     self.training_hooks = tuple(training_hooks)
+    self.num_workers = num_workers
 
 
 def check_ps_strategy(ps_strategy, variable_placement):

@@ -39,10 +39,18 @@ class VariablePlacement(enum.Enum):
       such a cluster; this member makes it a requirement (an error without a
       `ps` job). Graphs the Estimator builds for a local session (EVAL,
       PREDICT) use the consolidation device.
+    REPLICATED: every tower keeps its own copy of each trainable variable on
+      its own device. Tower 0's copies carry the unreplicated names (they are
+      what checkpoints hold); the other towers' are local variables, set from
+      tower 0's when a session starts. The towers' gradients are all-reduced
+      and each tower applies the sums to its copies (see
+      replicate/towers/replicated_variables.py). Non-trainable variables (the
+      global step, moving statistics) stay single, on tower 0's device.
   """
   CONSOLIDATION_DEVICE = 'consolidation_device'
   ROUND_ROBIN = 'round_robin'
   PARAMETER_SERVERS = 'parameter_servers'
+  REPLICATED = 'replicated'
 
 
 def canonical_device(device):
@@ -106,6 +114,9 @@ def parameter_device_chooser(placement, devices):
   """
   if placement == VariablePlacement.ROUND_ROBIN:
     return _RoundRobin(list(devices))
+  if placement == VariablePlacement.REPLICATED:
+    # Tower 0's copies live with tower 0; the others are made per tower.
+    return lambda unused_op: devices[0]
   device = consolidation_device(devices)
   return lambda unused_op: device
 

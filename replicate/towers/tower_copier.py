@@ -139,18 +139,21 @@ class TowerCloner(object):
           for tower_id in range(1, len(self._devices))
       ]
 
-  def own_variables(self, variables, collections):
+  def own_variables(self, variables, collections, on_tower_devices=False):
     """Gives every copied tower its own copy of some tower-0 variables.
 
-    Each tower gets a new variable per given one (same dtype, shape, device
-    and initial value, named under the tower's scope); copies of tower 0's
-    ops that read or write a given variable read and write the tower's own
-    instead. Used for metric variables: each tower counts its own shard, and
-    no two towers update one variable.
+    Each tower gets a new variable per given one (same dtype, shape and
+    initial value, named under the tower's scope); copies of tower 0's ops
+    that read or write a given variable read and write the tower's own
+    instead. Used for metric variables (each tower counts its own shard, and
+    no two towers update one variable) and for `VariablePlacement.REPLICATED`
+    (each tower trains its own copy).
 
     Args:
       variables: variables created in tower 0.
       collections: the graph collections the new variables join.
+      on_tower_devices: put each tower's copies on the tower's device (else
+        on the device of the variable copied).
 
     Returns:
       A list with, for each tower, its variables in the order given (tower
@@ -165,7 +168,8 @@ class TowerCloner(object):
         copies = self._copies[tower_id]
         own = []
         for variable in variables:
-          with tf1.device(variable.device):
+          with tf1.device(self._devices[tower_id] if on_tower_devices
+                          else variable.device):
             new = tf1.Variable(
                 variable.initial_value, trainable=False,
                 collections=list(collections),
