@@ -19,7 +19,10 @@ from replicate._compat import ModeKeys
 from replicate._compat import tf1
 from replicate.cluster import placement as cluster_placement
 from replicate.core import device_check
+from replicate.cross_tower import all_reduce_ops
+from replicate.cross_tower import multi_worker_ops
 from replicate.towers import device_setter
+from replicate.towers import replicated_variables
 from replicate.towers import serving
 from replicate.towers import tower_build as tower_build_lib
 from replicate.towers.device_setter import VariablePlacement
@@ -70,7 +73,9 @@ def replicate_model_fn(model_fn,
       CPU if there is none. With one device the model is only placed there.
     variable_placement: a `VariablePlacement`: all variables on the
       consolidation device (the single GPU, else `/device:CPU:0`; the
-      default), or round-robin over `devices`. In between-graph training
+      default), round-robin over `devices`, or `REPLICATED`: a copy of each
+      trainable variable per tower, gradients all-reduced (see
+      replicate/towers/replicated_variables.py). In between-graph training
       (the Estimator's `RunConfig` names a cluster through `TF_CONFIG`),
       towers are built on this task's devices
       (`/job:worker/task:<i>/device:...`), and with a `ps` job in the
@@ -134,6 +139,19 @@ def replicate_model_fn(model_fn,
         'tower_build must be a replicate.TowerBuild (one of {}), got {!r}.'
         .format([b.name for b in TowerBuild], tower_build))
   cluster_placement.check_ps_strategy(ps_strategy, variable_placement)
+  if variable_placement == VariablePlacement.REPLICATED and ps_strategy:
+    raise errors.InvalidArgumentError(
+        'ps_strategy={!r} chooses parameter-server tasks, but '
+        'variable_placement=REPLICATED keeps the variables on the towers. '
+        'Drop ps_strategy, or use VariablePlacement.PARAMETER_SERVERS.'.format(
+            ps_strategy))
+  if (variable_placement == VariablePlacement.REPLICATED and
+      tower_build == TowerBuild.CALL_PER_TOWER):
+    raise errors.InvalidArgumentError(
+        'variable_placement=REPLICATED gives every tower its own variables by '
+        "copying tower 0's graph; it cannot build towers by calling model_fn "
+        'once each (tower_build=CALL_PER_TOWER). Use tower_build=TowerBuild.'
+        'CLONE, or VariablePlacement.CONSOLIDATION_DEVICE.')
   if devices is not None:
     devices = _canonical_devices(devices)
 
@@ -158,15 +176,35 @@ def replicate_model_fn(model_fn,
         len(placement.tower_devices), ', '.join(placement.tower_devices),
         variable_placement.value, placement.aggregation_device,
         loss_reduction, tower_build.value)
+    replicated = None
+    if variable_placement == VariablePlacement.REPLICATED:
+      replicated = replicated_variables.ReplicatedVariables(
+          _gradient_all_reduce(placement, config), placement.tower_devices)
     spec = tower_build_lib.build(model_fn, features, labels, mode, params,
                                  config, placement, loss_reduction,
-                                 tower_build)
+                                 tower_build, replicated)
     if mode == ModeKeys.TRAIN and placement.training_hooks:
       spec = spec._replace(training_hooks=(
           tuple(spec.training_hooks) + placement.training_hooks))
     return spec
 
   return replicated_model_fn
+
+
+def _gradient_all_reduce(placement, config):
+  """The `CrossTowerOps` that all-reduces REPLICATED towers' gradients.
+
+  Across workers (`placement.num_workers > 1`): collective ops on TF's
+  runtime. On one machine: `choose_the_best` for the tower devices (NCCL or
+  hierarchical copy on GPUs, reduction to one device on CPUs).
+  """
+  if placement.num_workers > 1:
+    return multi_worker_ops.CollectiveAllReduce(
+        num_workers=placement.num_workers)
+  session_config = (config.session_config
+                    if isinstance(config, tf1.estimator.RunConfig) else None)
+  return all_reduce_ops.choose_the_best(placement.tower_devices,
+                                        session_config)
 
 
 def _canonical_devices(devices):

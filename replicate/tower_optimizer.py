@@ -14,6 +14,7 @@ from replicate import errors
 from replicate._compat import tf1
 from replicate.core import compression as compression_lib
 from replicate.core.checks import check_int
+from replicate.cross_tower import gradient_all_reduce
 from replicate.gradients import accumulation
 from replicate.gradients import gradient_aggregation
 from replicate.gradients import gradient_gating
@@ -303,10 +304,15 @@ class TowerOptimizer(tf1.train.Optimizer):
             'batch.'.format(self._accumulation_steps))
       return replica._apply_gradients(  # pylint: disable=protected-access
           optimizer, grads_and_vars, global_step, name, self._compression)
-    if replication is None or replication.num_towers == 1:
+    if replication is None or (replication.num_towers == 1 and
+                               replication.replicated is None):
       return self._apply(optimizer, list(grads_and_vars), global_step, name,
                          replication)
     grads_and_vars = list(grads_and_vars)
+    if replication.num_towers == 1:
+      # One tower of several workers (REPLICATED): all-reduce, then apply.
+      return self._apply_sums(replication, optimizer, [grads_and_vars],
+                              global_step, name)
     call_index = replication.record_optimizer_call(optimizer.get_name(),
                                                    grads_and_vars)
     if replication.cloner is not None:
@@ -318,8 +324,9 @@ class TowerOptimizer(tf1.train.Optimizer):
       replication.record_returned_op(call_index, recorded)
       return recorded
     if replication.tower.tower_id == tower_collections.UPDATE_TOWER_ID:
-      return self._apply_sums(replication, optimizer, call_index, global_step,
-                              name)
+      return self._apply_sums(replication, optimizer,
+                              replication.gradients_of_call(call_index),
+                              global_step, name)
     # The last tower applies for every tower, but only tower 0's update ops
     # may run (see tower_collections.py): instead of what this call is made
     # under (e.g. `control_dependencies(update_ops)` of the last tower), the
@@ -328,18 +335,32 @@ class TowerOptimizer(tf1.train.Optimizer):
         tower_collections.UPDATE_TOWER_ID, call_index)
     with tf1.control_dependencies(None), tf1.control_dependencies(
         [first_tower_call]):
-      return self._apply_sums(replication, optimizer, call_index, global_step,
-                              name)
+      return self._apply_sums(replication, optimizer,
+                              replication.gradients_of_call(call_index),
+                              global_step, name)
 
-  def _apply_sums(self, replication, optimizer, call_index, global_step,
+  def _apply_sums(self, replication, optimizer, tower_grads, global_step,
                   name):
-    """Sums every tower's gradients of one call and applies them."""
-    tower_grads = replication.gradients_of_call(call_index)
+    """Sums every tower's gradients of one call and applies them.
+
+    Under `VariablePlacement.REPLICATED` the sums are all-reduced onto every
+    tower, and one `apply_gradients` updates every tower's copies.
+    """
+    replicated = replication.replicated
+    if replicated is not None:
+      _check_replicable(optimizer)
+    if replication.first_tower_scopes is None:
+      # One tower (of several workers): built in the caller's scopes.
+      return self._apply_replicated(replicated, optimizer, tower_grads,
+                                    global_step, name, replication)
     var_scope, name_scope = replication.first_tower_scopes
 
     def apply():
       with tf1.variable_scope(var_scope, auxiliary_name_scope=False):
         with tf1.name_scope(name_scope):
+          if replicated is not None:
+            return self._apply_replicated(replicated, optimizer, tower_grads,
+                                          global_step, name, replication)
           with tf1.name_scope('gradient_aggregation'):
             summed = self._sum(tower_grads, replication.raw_gradients)
           return self._apply(optimizer, summed, global_step, name,
@@ -355,12 +376,27 @@ class TowerOptimizer(tf1.train.Optimizer):
     replication.cloner.share(created)
     return train_op
 
-  def _sum(self, tower_grads, raw_gradients):
-    """Each variable's gradients summed over towers, compressed in transit."""
-    if self._compression is None:
-      return gradient_aggregation.sum_gradients_by_variable(
-          tower_grads, raw_gradients=raw_gradients)
+  def _apply_replicated(self, replicated, optimizer, tower_grads,
+                        global_step, name, replication):
+    """All-reduces the towers' gradients; applies them to every copy."""
+    devices = replicated.devices
+    with tf1.name_scope('gradient_all_reduce'):
+      compressed, contexts = self._compressed(tower_grads)
+      reduced = gradient_all_reduce.all_reduce_gradients(
+          compressed, devices, replicated.gradient_all_reduce)
+      reduced = [[(self._decompressed(grad, contexts, var), var)
+                  for grad, var in pairs] for pairs in reduced]
+    train_op = self._apply(optimizer, [pair for pairs in reduced
+                                       for pair in pairs],
+                           global_step, name, replication)
+    replicated.adopt_slots(optimizer, reduced)
+    return train_op
+
+  def _compressed(self, tower_grads):
+    """`(tower_grads compressed, contexts by variable)` (`compression`)."""
     contexts = {}
+    if self._compression is None:
+      return tower_grads, contexts
     compressed = []
     for grads_and_vars in tower_grads:
       pairs = []
@@ -369,9 +405,22 @@ class TowerOptimizer(tf1.train.Optimizer):
           grad, contexts[id(var)] = self._compression.compress(grad)
         pairs.append((grad, var))
       compressed.append(pairs)
+    return compressed, contexts
+
+  def _decompressed(self, grad, contexts, var):
+    if grad is None or self._compression is None:
+      return grad
+    return self._compression.decompress(grad, contexts[id(var)])
+
+  def _sum(self, tower_grads, raw_gradients):
+    """Each variable's gradients summed over towers, compressed in transit."""
+    if self._compression is None:
+      return gradient_aggregation.sum_gradients_by_variable(
+          tower_grads, raw_gradients=raw_gradients)
+    compressed, contexts = self._compressed(tower_grads)
     # The compressed tensors are no MatMul outputs: nothing is fused.
     summed = gradient_aggregation.sum_gradients_by_variable(compressed)
-    return [(self._compression.decompress(grad, contexts[id(var)]), var)
+    return [(self._decompressed(grad, contexts, var), var)
             for grad, var in summed]
 
   def _apply(self, optimizer, grads_and_vars, global_step, name, replication):
@@ -409,6 +458,21 @@ class TowerOptimizer(tf1.train.Optimizer):
                                          '_optimizers_by_graph'):
       raise AttributeError(name)
     return getattr(self._get_optimizer(), name)
+
+
+def _check_replicable(optimizer):
+  """Raises for optimizers that cannot update per-tower copies.
+
+  Raises:
+    InvalidArgumentError: for a `SyncReplicasOptimizer`, whose shared queues
+      and accumulators need parameter servers.
+  """
+  if isinstance(optimizer, tf1.train.SyncReplicasOptimizer):
+    raise errors.InvalidArgumentError(
+        'variable_placement=REPLICATED all-reduces the gradients itself; a '
+        'SyncReplicasOptimizer ({}) aggregates them on parameter servers. '
+        'Pass its wrapped optimizer to TowerOptimizer, or use '
+        'VariablePlacement.PARAMETER_SERVERS.'.format(optimizer.get_name()))
 
 
 def _tensors_of(gradients):

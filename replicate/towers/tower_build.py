@@ -30,7 +30,7 @@ _PER_TOWER_REQUESTED = 'tower_build is TowerBuild.CALL_PER_TOWER'
 
 
 def build(model_fn, features, labels, mode, params, config, placement,
-          loss_reduction, tower_build):
+          loss_reduction, tower_build, replicated=None):
   """Builds the towers of `model_fn` and returns the merged `EstimatorSpec`.
 
   Args:
@@ -44,6 +44,8 @@ def build(model_fn, features, labels, mode, params, config, placement,
       `tower_devices`, `choose_parameter_device` and `aggregation_device`).
     loss_reduction: a `tf.compat.v1.losses.Reduction`.
     tower_build: a `TowerBuild`.
+    replicated: under `VariablePlacement.REPLICATED`, a
+      `replicated_variables.ReplicatedVariables` for these towers, else None.
 
   Returns:
     An `EstimatorSpec`.
@@ -59,7 +61,8 @@ def build(model_fn, features, labels, mode, params, config, placement,
   graph = tf1.get_default_graph()
   devices = placement.tower_devices
   num_towers = len(devices)
-  replication = tower_context.Replication(graph, num_towers, loss_reduction)
+  replication = tower_context.Replication(graph, num_towers, loss_reduction,
+                                          replicated)
   choose_parameter_device = placement.choose_parameter_device
   aggregation_device = placement.aggregation_device
 
@@ -72,6 +75,8 @@ def build(model_fn, features, labels, mode, params, config, placement,
                                             choose_parameter_device)):
         return call_model_fn(model_fn, features, labels, mode, params, config)
 
+    if replicated is not None:
+      replicated.note_existing(tf1.trainable_variables())
     feature_shards, label_shards = batch_split.split_batch(
         features, labels, num_towers, aggregation_device)
     collections = tower_collections.TowerCollections(
@@ -118,6 +123,7 @@ def build(model_fn, features, labels, mode, params, config, placement,
             if id(v) not in metrics_before
         ])
         if tower_id or cloner is None:
+          _check_copied(replicated, per_tower_reason)
           continue
         if mode == ModeKeys.TRAIN:
           if replication.towers_cloned:
@@ -129,13 +135,17 @@ def build(model_fn, features, labels, mode, params, config, placement,
           per_tower_reason = (
               replication.not_cloned_reason or
               'tower 0 made no TowerOptimizer.apply_gradients call')
+          _check_copied(replicated, per_tower_reason)
           continue
         per_tower_reason = cloner.reason_not_to_clone(
             replication.tower_context_requested,
             loss_reduction == tf1.losses.Reduction.SUM)
         if per_tower_reason is not None:
+          _check_copied(replicated, per_tower_reason)
           tower_cloning.warn_not_cloned(per_tower_reason)
           continue
+        if replicated is not None:
+          replicated.make_copies(cloner)
         if mode == ModeKeys.EVAL:
           more_specs, metric_variables = output_copies.copied_eval_specs(
               cloner, replication, specs[0], unscaled_loss, collections,
@@ -151,8 +161,34 @@ def build(model_fn, features, labels, mode, params, config, placement,
     finally:
       replication.cloner = None
       collections.finish()
-    return tower_specs.merge(mode, specs, metric_variables, aggregation_device,
+    spec = tower_specs.merge(mode, specs, metric_variables, aggregation_device,
                              replication.applying_tower_id)
+    return _with_sync_hook(spec, mode, replicated)
+
+
+def _check_copied(replicated, per_tower_reason):
+  """Raises where REPLICATED towers would be built by their own calls.
+
+  Raises:
+    InvalidArgumentError: naming why the towers are not copies.
+  """
+  if replicated is None or per_tower_reason is None:
+    return
+  raise errors.InvalidArgumentError(
+      'variable_placement=REPLICATED gives every tower its own variables by '
+      "copying tower 0's graph, but here the towers would be built by calling "
+      'model_fn once per tower, because {}. Remove that reason, or use '
+      'VariablePlacement.CONSOLIDATION_DEVICE.'.format(per_tower_reason))
+
+
+def _with_sync_hook(spec, mode, replicated):
+  """`spec` with the hook that sets the towers' copies at session start."""
+  hook = replicated.sync_hook() if replicated is not None else None
+  if hook is None:
+    return spec
+  field = {ModeKeys.TRAIN: 'training_hooks', ModeKeys.EVAL: 'evaluation_hooks',
+           ModeKeys.PREDICT: 'prediction_hooks'}[mode]
+  return spec._replace(**{field: tuple(getattr(spec, field)) + (hook,)})
 
 
 def _ids(items):

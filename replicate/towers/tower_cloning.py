@@ -92,6 +92,9 @@ def clone_optimizer_call(replication, call_index):
       replication.not_cloned_reason = reason
       replication.cloner = None
       return
+  replicated = replication.replicated
+  if replicated is not None:
+    replicated.make_copies(cloner)
   optimizer_name, grads_and_vars = replication.optimizer_call(0, call_index)
   # Pack every read the copies will make at once (forward and gates), so
   # that each group of variables comes in one pack.
@@ -124,6 +127,8 @@ def clone_optimizer_call(replication, call_index):
     copied = []
     raws = {}
     for plan, (_, var) in zip(plans, grads_and_vars):
+      if replicated is not None:
+        var = replicated.copy_of(tower_id, var)
       if plan is None:
         copied.append((None, var))
         continue

@@ -109,12 +109,15 @@ class Replication(object):
     gradient_losses: the losses tower 0 gave `TowerOptimizer`s while
       `cloner` was set (copied with the gradients: the spec's loss is, as a
       rule, one of them, and then needs no copying round of its own).
+    replicated: under `VariablePlacement.REPLICATED`, the towers' own
+      variables (`replicated_variables.ReplicatedVariables`), else None.
   """
 
-  def __init__(self, graph, num_towers, loss_reduction):
+  def __init__(self, graph, num_towers, loss_reduction, replicated=None):
     self.graph = graph
     self.num_towers = num_towers
     self.loss_reduction = loss_reduction
+    self.replicated = replicated
     self.tower = None
     self.first_tower_scopes = None
     self.cloner = None
