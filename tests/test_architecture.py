@@ -18,8 +18,9 @@ _ALLOWED = {
     'core': set(),
     'cross_tower': {'core'},
     'gradients': {'core'},
-    'towers': {'core', 'gradients'},
-    'strategy': {'core', 'cross_tower', 'gradients'},
+    'graph_copy': {'core', 'gradients'},
+    'towers': {'core', 'gradients', 'graph_copy'},
+    'strategy': {'core', 'cross_tower', 'gradients', 'graph_copy'},
     'cluster': {'core', 'towers'},
 }
 _BASE = {'replicate.errors', 'replicate._compat', 'replicate.version'}

@@ -9,6 +9,7 @@ the readers of the current context (`default_strategy`), input
 `sync_on_read`) and the strategy itself. `replicate/distribute_lib.py` and
 `replicate/mirrored_strategy.py` are the public facades.
 
-May import: `replicate.core`, `replicate.cross_tower`, `replicate.gradients`
-(and errors, _compat). Never `towers`, `cluster` or a facade.
+May import: `replicate.core`, `replicate.cross_tower`, `replicate.gradients`,
+`replicate.graph_copy` (and errors, _compat). Never `towers`, `cluster` or a
+facade.
 """

@@ -1,6 +1,6 @@
-"""Edits of the `NodeDef`s of tower 0's ops as they become a tower's copies."""
+"""Edits of an op's `NodeDef` as it becomes a copy on another device."""
 
-_SEED2_STRIDE = 1000003  # a prime: seed2 + i * stride differs per tower
+_SEED2_STRIDE = 1000003  # a prime: seed2 + i * stride differs per copy
 
 
 def colocation_targets(node_def):
@@ -32,7 +32,7 @@ def rename_colocation(node, prefix, copied):
 
 
 def offset_seed(node, tower_id):
-  """Gives a seeded random op of tower `tower_id` its own `seed2`."""
+  """Gives a seeded random op of copy `tower_id` its own `seed2`."""
   if 'seed' not in node.attr or 'seed2' not in node.attr:
     return
   if not node.attr['seed'].i and not node.attr['seed2'].i:

@@ -1,0 +1,13 @@
+"""Copying part of a graph onto other devices with `tf.import_graph_def`.
+
+Holds the copying mechanics shared by `replicate_model_fn`'s towers and
+`MirroredStrategy`'s replicas (`graph_copier`: the window of ops to copy, the
+cone a set of targets needs, inputs mapped per copy, devices, seeds, TF1
+while-loop frames, colocation, packed variable reads, the collector paused
+during an import) and the `NodeDef` edits a copy needs (`node_defs`). What
+to copy and when is the clients' decision (towers: `tower_cloning`,
+`output_copies`).
+
+May import: `replicate.core`, `replicate.gradients` (and errors, _compat).
+Never `cross_tower`, `towers`, `strategy`, `cluster` or a facade.
+"""

@@ -1,0 +1,453 @@
+"""Copies, in rounds, part of a graph onto other devices.
+
+`GraphCopier` copies the ops built since a point (the window) that some
+tensors depend on onto every other device of a list, with one
+`tf.import_graph_def` per round: each copy keeps its original's op type and
+attributes, is named `<prefix>_<i>/<original name>`, and is placed where the
+original's requested device maps for copy i. Clients decide what to copy and
+when (e.g. towers/tower_cloning.py); subclasses say
+how devices map and which ops every copy shares.
+"""
+import contextlib
+import gc
+
+import tensorflow as tf
+
+from replicate._compat import tf1
+from replicate.core import device_util
+from replicate.gradients import gradient_gating
+from replicate.gradients import read_packing
+from replicate.graph_copy import node_defs
+from replicate.graph_copy import op_kinds
+
+
+class GraphCopier(object):
+  """Copies what was built on device 0 onto devices 1..N-1, in rounds.
+
+  Each `clone` call copies the ops (built since the window opened) that the
+  requested tensors depend on and that no earlier round copied; later
+  rounds read what earlier rounds copied. `get` maps an original tensor or op
+  to copy i's. A "tower" here is one of the devices: tower 0 holds the
+  originals, towers 1..N-1 the copies.
+  """
+
+  def __init__(self, graph, devices, first_op_index, tower_inputs,
+               stateful_op_types=op_kinds.STATEFUL_OP_TYPES,
+               scope_name='tower'):
+    """Prepares to copy what tower 0 builds in `graph`.
+
+    Args:
+      graph: the graph the towers are built in.
+      devices: the tower devices, tower 0's first.
+      first_op_index: how many ops `graph` had when tower 0 started.
+      tower_inputs: for each tower, the flat list of tensors it reads in
+        place of tower 0's (e.g. its shard of the batch), in the same order
+        for every tower.
+      stateful_op_types: op types never copied (variables, tables).
+      scope_name: copy i is named under `<scope_name>_<i>/`.
+    """
+    self._stateful_op_types = stateful_op_types
+    self._scope_name = scope_name
+    self._graph = graph
+    self._devices = list(devices)
+    self._first_op_index = first_op_index
+    # What tower 0's ops asked for inside the tower's device scope; filled
+    # by the tower's device function (for towers: device_setter's).
+    self.requested_devices = {}
+    self._copies = [None] + [{} for _ in self._devices[1:]]
+    for tower_id in range(1, len(self._devices)):
+      for original, copy in zip(tower_inputs[0], tower_inputs[tower_id]):
+        if original is not None:
+          self._copies[tower_id][original.name] = copy
+    self._prefixes = None
+    self._device_cache = {}
+    self._control_proxies = {}
+    # Tower-0 ops never copied, and those copied in earlier rounds
+    # (`Operation`s: their names are a call into TF's C API each time).
+    self._shared = set()
+    self._copied = set()
+    # Per tower, packed copies of variable reads (read_packing.py), by the
+    # read's tensor name; and the reads already offered for packing.
+    self._read_copies = [None] + [{} for _ in self._devices[1:]]
+    self._reads_offered = set()
+    # Tower-0 variables of which every copied tower has its own (metric
+    # variables in EVAL, see `own_variables`).
+    self._own_variable_ops = set()
+
+  def share(self, ops):
+    """Marks tower-0 ops as shared by every tower: they are never copied.
+
+    Args:
+      ops: `Operation`s built in tower 0.
+    """
+    self._shared.update(ops)
+
+  def clone(self, targets):
+    """Copies onto towers 1..N-1 what `targets` need from tower 0.
+
+    Args:
+      targets: tower-0 `Tensor`s and `Operation`s.
+    """
+    window, todo, shared = self._cone(targets)
+    ops = [op for op in window if op in todo]  # creation order
+    if not ops:
+      return
+    self._make_prefixes()
+    with self._graph.as_default(), tf1.device(None), tf1.name_scope(None), (
+        tf1.control_dependencies(None)), tf1.colocate_with(
+            None, ignore_existing=True):
+      self._import(ops, todo, shared)
+
+  def _make_prefixes(self):
+    if self._prefixes is None:
+      self._prefixes = [None] + [
+          self._graph.unique_name('{}_{}'.format(
+              self._scope_name, tower_id)) + '/'
+          for tower_id in range(1, len(self._devices))
+      ]
+
+  def own_variables(self, variables, collections, on_tower_devices=False):
+    """Gives every copied tower its own copy of some tower-0 variables.
+
+    Each tower gets a new variable per given one (same dtype, shape and
+    initial value, named under the tower's scope); copies of tower 0's ops
+    that read or write a given variable read and write the tower's own
+    instead. Used for metric variables (each tower counts its own shard, and
+    no two towers update one variable) and for `VariablePlacement.REPLICATED`
+    (each tower trains its own copy).
+
+    Args:
+      variables: variables created in tower 0.
+      collections: the graph collections the new variables join.
+      on_tower_devices: put each tower's copies on the tower's device (else
+        on the device of the variable copied).
+
+    Returns:
+      A list with, for each tower, its variables in the order given (tower
+      0's are `variables`).
+    """
+    self._make_prefixes()
+    per_tower = [list(variables)]
+    with self._graph.as_default(), tf1.name_scope(None), (
+        tf1.control_dependencies(None)), tf1.colocate_with(
+            None, ignore_existing=True):
+      for tower_id in range(1, len(self._devices)):
+        copies = self._copies[tower_id]
+        own = []
+        for variable in variables:
+          with tf1.device(self._devices[tower_id] if on_tower_devices
+                          else variable.device):
+            new = tf1.Variable(
+                variable.initial_value, trainable=False,
+                collections=list(collections),
+                name=self._prefixes[tower_id] + variable.op.name,
+                dtype=variable.dtype.base_dtype,
+                use_resource=variable.op.type == 'VarHandleOp')
+          copies[variable.op.name] = new.op
+          copies[variable.op.outputs[0].name] = new.op.outputs[0]
+          own.append(new)
+        per_tower.append(own)
+    self._own_variable_ops.update(v.op for v in variables)
+    return per_tower
+
+  def reads_needed_by(self, targets):
+    """The plain variable reads that copies of `targets` would read."""
+    window, todo, shared = self._cone(targets)
+    reads = {}
+    for op in window:
+      if op in todo:
+        for tensor in op.inputs:
+          if tensor.op in shared and op_kinds.is_plain_read(tensor.op):
+            reads[tensor.name] = tensor
+    return list(reads.values())
+
+  def _cone(self, targets):
+    """`(window, ops to copy, shared ops)` for copying `targets`.
+
+    The ops to copy are the ops of tower 0 (the window) that `targets`
+    depend on through data or control inputs, stopping at shared ops and at
+    ops copied before. All three are of `Operation`s.
+    """
+    window = self._window()
+    in_window = set(window)
+    shared = self._shared_ops(window)
+    todo = set()
+    stack = [t if isinstance(t, tf1.Operation) else t.op for t in targets]
+    while stack:
+      op = stack.pop()
+      if (op in todo or op in shared or op not in in_window or
+          op in self._copied):
+        continue
+      todo.add(op)
+      stack.extend(t.op for t in op.inputs)
+      stack.extend(op.control_inputs)
+    return window, todo, shared
+
+  def _import(self, ops, todo, shared):
+    """Copies `ops` (the set `todo`) onto every other tower: one import.
+
+    Every tower's copies go into one `GraphDef`, named `tower_<i>/<name>`.
+    An input from outside `ops` is renamed the same way and mapped, per
+    tower, to what that tower reads: its copy from an earlier round, its
+    shard of the batch, a packed copy of a variable read, or the tensor
+    itself (shared).
+    """
+    graph_def = tf1.GraphDef()
+    graph_def.versions.CopyFrom(self._graph.graph_def_versions)
+    external = {}  # input name in a NodeDef -> Tensor or Operation
+    for op in ops:
+      for tensor in op.inputs:
+        if tensor.op not in todo:
+          external[_input_name(tensor)] = tensor
+      for control in op.control_inputs:
+        if control not in todo:
+          external['^' + control.name] = control
+    self.copy_reads([t for t in external.values()
+                     if isinstance(t, tf.Tensor) and t.op in shared and
+                     op_kinds.is_plain_read(t.op)])
+    originals = [op.node_def for op in ops]
+    todo_names = set(node_def.name for node_def in originals)
+    devices = {}
+    input_map = {}
+    returned = []
+    for tower_id in range(1, len(self._devices)):
+      prefix = self._prefixes[tower_id]
+      copies = self._copies[tower_id]
+      read_copies = self._read_copies[tower_id]
+      for op, node_def in zip(ops, originals):
+        node = graph_def.node.add()
+        node.CopyFrom(node_def)
+        node.name = prefix + node.name
+        for index, name in enumerate(node.input):
+          node.input[index] = (
+              '^' + prefix + name[1:] if name.startswith('^') else
+              prefix + name)
+        # The device is set by the device function below: a device in the
+        # NodeDef would make the import enter a device scope for every op.
+        node.ClearField('device')
+        devices[node.name] = self._copy_device(op, node_def, tower_id, devices)
+        node_defs.offset_seed(node, tower_id)
+        if 'frame_name' in node.attr:
+          # A TF1 tf.while_loop runs in the frame its Enter ops name: each
+          # copy of the loop needs its own, or TF takes the copies for one
+          # loop. (Nothing else of TF1 control flow needs care: its Python
+          # contexts only matter to differentiate the ops, and the copies
+          # are never differentiated.)
+          node.attr['frame_name'].s = prefix.encode() + node.attr[
+              'frame_name'].s
+        node_defs.rename_colocation(node, prefix, todo_names)
+        returned.append(node.name)
+      for name, value in external.items():
+        if name.startswith('^'):
+          input_map['^' + prefix + name[1:]] = self._control_tensor(
+              copies.get(value.name, value))
+        else:
+          input_map[prefix + name] = read_copies.get(
+              value.name, copies.get(value.name, value))
+    with tf1.device(lambda op: devices.get(op.name, op.device)), (
+        _collector_paused()):
+      imported = tf1.import_graph_def(
+          graph_def, input_map=input_map, return_elements=returned, name='')
+    self._copied.update(ops)
+    position = 0
+    for tower_id in range(1, len(self._devices)):
+      copies = self._copies[tower_id]
+      for op in ops:
+        new_op = imported[position]
+        position += 1
+        copies[op.name] = new_op
+        for old, new in zip(op.outputs, new_op.outputs):
+          copies[old.name] = new
+
+  def copy_reads(self, reads):
+    """Packs variable reads for the copied towers (read_packing.py).
+
+    Reads offered before are skipped; a read that is not packed stays as it
+    is (the towers receive it directly).
+
+    Args:
+      reads: tensors, each the output of a plain read of a variable: an
+        identity of a reference variable or a read of a resource variable,
+        without control inputs.
+    """
+    reads = [t for t in reads if t.name not in self._reads_offered]
+    if not reads:
+      return
+    self._reads_offered.update(t.name for t in reads)
+    with self._graph.as_default(), tf1.device(None), tf1.name_scope(None), (
+        tf1.control_dependencies(None)), tf1.colocate_with(
+            None, ignore_existing=True):
+      copies = read_packing.tower_copies(
+          [(t, op_kinds.read_device(t.op)) for t in reads], self._devices)
+    for tower_id in range(1, len(self._devices)):
+      self._read_copies[tower_id].update(copies[tower_id])
+
+  def reads_copied(self, reads):
+    """Whether every copied tower reads each of `reads` from a pack.
+
+    Args:
+      reads: tensors; None stands for a read that cannot be copied.
+
+    Returns:
+      A bool.
+    """
+    return all(read is not None and read.name in self._read_copies[tower_id]
+               for read in reads for tower_id in range(1, len(self._devices)))
+
+  def name_scope(self, tower_id):
+    """The name scope (ending in '/') of tower `tower_id`'s copies."""
+    return self._prefixes[tower_id]
+
+  def device(self, tower_id):
+    """Tower `tower_id`'s device."""
+    return self._devices[tower_id]
+
+  def _control_tensor(self, op):
+    """A tensor whose op stands for `op` as a control input of a copy.
+
+    `import_graph_def` remaps control inputs to the op of a tensor; an op
+    without outputs (e.g. a resource variable's update) gets a constant that
+    depends on it, made once and shared by the towers.
+    """
+    if op.outputs:
+      return op.outputs[0]
+    proxy = self._control_proxies.get(op.name)
+    if proxy is None:
+      with tf1.device(op.device), tf1.control_dependencies([op]):
+        proxy = tf.constant(0, name='control_proxy')
+      self._control_proxies[op.name] = proxy
+    return proxy
+
+  def get(self, tower_id, value):
+    """Tower `tower_id`'s copy of a tower-0 value (itself where shared).
+
+    Args:
+      tower_id: a tower other than 0.
+      value: a `Tensor`, `Operation`, `IndexedSlices` or None.
+
+    Returns:
+      The copy, of the same kind.
+    """
+    if value is None:
+      return None
+    if isinstance(value, tf.IndexedSlices):
+      return tf.IndexedSlices(
+          self.get(tower_id, value.values), self.get(tower_id, value.indices),
+          self.get(tower_id, value.dense_shape))
+    return self._copies[tower_id].get(value.name, value)
+
+  def _window(self):
+    return self._graph.get_operations()[self._first_op_index:]
+
+  def _window_items(self, key, window_ops):
+    window = set(window_ops)
+    return [item for item in self._graph.get_collection(key)
+            if op_kinds.op_of(item) in window]
+
+  def _shared_ops(self, window):
+    """Ops of tower 0 that every tower uses as they are."""
+    shared = set(self._shared)
+    shared.update(self._always_shared(window))
+    own = self._own_variable_ops
+    for op in window:
+      op_type = op.type
+      if op_type in self._stateful_op_types:
+        shared.add(op)
+      elif op_type in gradient_gating.READ_OP_TYPES or (
+          op_type in op_kinds.WRITE_OP_TYPES):
+        # Plain reads and the writes of a shared variable are shared; those
+        # of a variable each tower has its own are copied.
+        variable = op.inputs[0].op if op.inputs else None
+        if variable in own:
+          continue
+        if op_type in op_kinds.WRITE_OP_TYPES:
+          if variable is not None and (
+              variable.type in gradient_gating.VARIABLE_OP_TYPES):
+            shared.add(op)
+        elif op_kinds.is_plain_read(op):
+          shared.add(op)
+    return shared
+
+  # What subclasses decide.
+
+  def _always_shared(self, window):
+    """Ops of the window every tower shares besides the stateful ones."""
+    del window  # None by default.
+    return ()
+
+  def _requested_device(self, op):
+    """The device tower-0 op `op` asked for; None: copies go where it went."""
+    return self.requested_devices.get(op.name)
+
+  def _tower_device(self, requested, device):
+    """Where an op that requested `requested` goes on tower `device`."""
+    raise NotImplementedError('Subclasses place the copies.')
+
+  def _copy_device(self, op, node_def, tower_id, devices):
+    """Where tower `tower_id` gets its copy of `op`.
+
+    Args:
+      op: a tower-0 op.
+      node_def: its `NodeDef`.
+      tower_id: the tower.
+      devices: the devices of the copies placed so far in this round, by
+        name.
+
+    Returns:
+      A device string.
+    """
+    colocated = node_defs.colocation_targets(node_def)
+    for target in colocated:
+      name = self._prefixes[tower_id] + target
+      if name in devices:
+        return devices[name]
+      if target in self._copies[tower_id]:
+        return self._copies[tower_id][target].device
+    requested = self._requested_device(op)
+    if requested is None or colocated:
+      # Not placed by the tower's device function, or colocated with a
+      # shared op: the same device in every tower.
+      return op.device
+    return self._placed(requested, tower_id)
+
+  def _placed(self, requested, tower_id):
+    """Tower `tower_id`'s device for an op that requested `requested`.
+
+    A request of exactly tower 0's device is read as "this tower's device":
+    that is what `tf.device(x.device)` of a tower-0 tensor `x` asks for, and
+    what the same line gives in a tower built by its own `model_fn` call. (An
+    op pinned to that device on purpose thus moves with its tower; on
+    virtual CPUs of one machine that changes no result.)
+    """
+    key = (requested, tower_id)
+    device = self._device_cache.get(key)
+    if device is None:
+      if requested and (device_util.canonicalize(requested) ==
+                        device_util.canonicalize(self._devices[0])):
+        device = self._devices[tower_id]
+      else:
+        device = self._tower_device(requested, self._devices[tower_id])
+      self._device_cache[key] = device
+    return device
+
+
+def _input_name(tensor):
+  """How a NodeDef names `tensor` as an input (`op` for output 0)."""
+  return tensor.op.name if tensor.value_index == 0 else tensor.name
+
+
+@contextlib.contextmanager
+def _collector_paused():
+  """Pauses Python's cyclic garbage collector while copies are imported.
+
+  An import creates a Python `Operation` per copied op, and each batch of new
+  objects would set off a young-generation collection that scans them again
+  (hundreds per 16-tower copy). Paused, they are scanned once, after.
+  """
+  was_enabled = gc.isenabled()
+  gc.disable()
+  try:
+    yield
+  finally:
+    if was_enabled:
+      gc.enable()
