@@ -20,6 +20,7 @@ from replicate._compat import tf1
 from replicate.cluster import placement as cluster_placement
 from replicate.core import device_check
 from replicate.cross_tower import all_reduce_ops
+from replicate.cross_tower import cross_tower_base
 from replicate.cross_tower import multi_worker_ops
 from replicate.towers import device_setter
 from replicate.towers import replicated_variables
@@ -41,7 +42,8 @@ def replicate_model_fn(model_fn,
                        devices=None,
                        variable_placement=VariablePlacement.CONSOLIDATION_DEVICE,
                        ps_strategy=None,
-                       tower_build=TowerBuild.CLONE):
+                       tower_build=TowerBuild.CLONE,
+                       cross_tower_ops=None):
   """Replicates `model_fn` over local devices: one tower per device.
 
   Drop-in for contrib's `replicate_model_fn`:
@@ -95,16 +97,22 @@ def replicate_model_fn(model_fn,
       `get_tower_context()`), a warning says why and every tower is built by
       its own call. `CALL_PER_TOWER`: one `model_fn` call per tower in every
       mode, as tf.contrib did. See replicate/towers/tower_cloning.py.
+    cross_tower_ops: with `REPLICATED`, the `replicate.CrossTowerOps` that
+      all-reduces the gradients (e.g. `replicate.NcclAllReduce()`); None
+      chooses: `replicate.cross_tower_ops.choose_the_best` for the towers,
+      or collective ops across the workers of a cluster.
 
   Returns:
     A `model_fn` with the signature `(features, labels, mode, params, config)`.
 
   Raises:
-    InvalidTypeError: if `model_fn` is not callable or `devices` is not a list
-      of strings.
+    InvalidTypeError: if `model_fn` is not callable, `devices` is not a list
+      of strings, or `cross_tower_ops` is not a `CrossTowerOps`.
     InvalidArgumentError: if `loss_reduction` is `NONE` or unknown, `devices`
       is empty or repeats a device, `variable_placement` or `tower_build` is
-      unknown, or `ps_strategy` comes with `ROUND_ROBIN`. When the model is
+      unknown, `ps_strategy` comes with `ROUND_ROBIN` or `REPLICATED`,
+      `REPLICATED` with `CALL_PER_TOWER`, or `cross_tower_ops` without
+      `REPLICATED`. When the model is
       built: `PARAMETER_SERVERS` or `ps_strategy` without a `ps` job in the
       cluster, `ROUND_ROBIN` with one, devices naming a job or task the
       cluster does not have (see `replicate.cluster.placement.placement`), a device the
@@ -139,6 +147,7 @@ def replicate_model_fn(model_fn,
         'tower_build must be a replicate.TowerBuild (one of {}), got {!r}.'
         .format([b.name for b in TowerBuild], tower_build))
   cluster_placement.check_ps_strategy(ps_strategy, variable_placement)
+  _check_cross_tower_ops(cross_tower_ops, variable_placement)
   if variable_placement == VariablePlacement.REPLICATED and ps_strategy:
     raise errors.InvalidArgumentError(
         'ps_strategy={!r} chooses parameter-server tasks, but '
@@ -179,7 +188,8 @@ def replicate_model_fn(model_fn,
     replicated = None
     if variable_placement == VariablePlacement.REPLICATED:
       replicated = replicated_variables.ReplicatedVariables(
-          _gradient_all_reduce(placement, config), placement.tower_devices)
+          cross_tower_ops or _gradient_all_reduce(placement, config),
+          placement.tower_devices)
     spec = tower_build_lib.build(model_fn, features, labels, mode, params,
                                  config, placement, loss_reduction,
                                  tower_build, replicated)
@@ -189,6 +199,24 @@ def replicate_model_fn(model_fn,
     return spec
 
   return replicated_model_fn
+
+
+def _check_cross_tower_ops(cross_tower_ops, variable_placement):
+  """Validates `replicate_model_fn`'s `cross_tower_ops` argument."""
+  if cross_tower_ops is None:
+    return
+  if not isinstance(cross_tower_ops, cross_tower_base.CrossTowerOps):
+    raise errors.InvalidTypeError(
+        'cross_tower_ops must be a replicate.CrossTowerOps (e.g. '
+        'replicate.NcclAllReduce()), got {!r} of type {}.'.format(
+            cross_tower_ops, type(cross_tower_ops).__name__))
+  if variable_placement != VariablePlacement.REPLICATED:
+    raise errors.InvalidArgumentError(
+        'cross_tower_ops={!r} all-reduces gradients between towers that own '
+        'their variables, but variable_placement is {}, where the gradients '
+        'are summed on the variables\' device. Pass variable_placement='
+        'VariablePlacement.REPLICATED, or drop cross_tower_ops.'.format(
+            cross_tower_ops, variable_placement.name))
 
 
 def _gradient_all_reduce(placement, config):

@@ -55,10 +55,17 @@ def apply_accumulated(apply_fn, grads_and_vars, steps, scale, global_step,
     with tf.control_dependencies(adds):
       count = counter.assign_add(1)
 
+  graph = tf1.get_default_graph()
+  outer_scope = graph.get_name_scope()
+
   def update():
     sums = [(_scaled(accumulator, scale), v)
             for accumulator, (_, v) in zip(accumulators, pairs)]
-    apply_op = apply_fn(sums, global_step, None)
+    # The optimizer's own variables (e.g. Adam's `beta1_power`) are named in
+    # the caller's scope, as without accumulation, so that checkpoints keep
+    # their names.
+    with graph.name_scope(outer_scope + '/' if outer_scope else ''):
+      apply_op = apply_fn(sums, global_step, None)
     with tf.control_dependencies([apply_op]):
       resets = [accumulator.assign(tf.zeros_like(accumulator),
                                    read_value=False)
