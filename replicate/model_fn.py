@@ -14,14 +14,15 @@ A graph the Estimator builds for a SavedModel gets the unreplicated model
 instead, which serves on any device (replicate/towers/serving.py).
 """
 from replicate import errors
+from replicate import multi_worker
 from replicate._compat import building_saved_model
 from replicate._compat import ModeKeys
 from replicate._compat import tf1
+from replicate.cluster import all_reduce_training
 from replicate.cluster import placement as cluster_placement
 from replicate.core import device_check
 from replicate.cross_tower import all_reduce_ops
 from replicate.cross_tower import cross_tower_base
-from replicate.cross_tower import multi_worker_ops
 from replicate.towers import device_setter
 from replicate.towers import replicated_variables
 from replicate.towers import serving
@@ -188,11 +189,17 @@ def replicate_model_fn(model_fn,
     replicated = None
     if variable_placement == VariablePlacement.REPLICATED:
       replicated = replicated_variables.ReplicatedVariables(
-          cross_tower_ops or _gradient_all_reduce(placement, config),
+          cross_tower_ops or _gradient_all_reduce(placement, config,
+                                                  loss_reduction),
           placement.tower_devices)
     spec = tower_build_lib.build(model_fn, features, labels, mode, params,
                                  config, placement, loss_reduction,
                                  tower_build, replicated)
+    if (mode == ModeKeys.TRAIN and replicated is not None and
+        placement.num_workers > 1):
+      # Every task initializes its own variables, then takes the chief's.
+      spec = all_reduce_training.finish_train_spec(spec, config,
+                                                   placement.num_workers)
     if mode == ModeKeys.TRAIN and placement.training_hooks:
       spec = spec._replace(training_hooks=(
           tuple(spec.training_hooks) + placement.training_hooks))
@@ -219,7 +226,7 @@ def _check_cross_tower_ops(cross_tower_ops, variable_placement):
             cross_tower_ops, variable_placement.name))
 
 
-def _gradient_all_reduce(placement, config):
+def _gradient_all_reduce(placement, config, loss_reduction):
   """The `CrossTowerOps` that all-reduces REPLICATED towers' gradients.
 
   Across workers (`placement.num_workers > 1`): collective ops on TF's
@@ -227,8 +234,8 @@ def _gradient_all_reduce(placement, config):
   hierarchical copy on GPUs, reduction to one device on CPUs).
   """
   if placement.num_workers > 1:
-    return multi_worker_ops.CollectiveAllReduce(
-        num_workers=placement.num_workers)
+    return multi_worker.gradient_all_reduce(placement.num_workers,
+                                            loss_reduction)
   session_config = (config.session_config
                     if isinstance(config, tf1.estimator.RunConfig) else None)
   return all_reduce_ops.choose_the_best(placement.tower_devices,

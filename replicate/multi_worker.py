@@ -17,15 +17,34 @@ Two ways to run `MirroredStrategy` over several workers:
   must start from the same values (deterministic or seeded initializers, or a
   checkpoint).
 
+For Estimators, `replicate_model_fn(...,
+variable_placement=VariablePlacement.REPLICATED)` in a `TF_CONFIG` cluster
+without a `ps` job all-reduces across the chief and workers (between-graph);
+`all_reduce_run_config` and `all_reduce_server` give each task the session
+and server config that needs.
+
 These helpers compute names and protos and build no ops, except
 `wait_for_tasks`, which waits (for a bounded time) until tasks of a cluster
 answer as TensorFlow servers, as `replicate_model_fn`'s `ClusterCheckHook`
-does before a training session is created.
+does before a training session is created, and `all_reduce_server`, which
+starts a server. `gradient_all_reduce` is the `CrossTowerOps` that
+`replicate_model_fn` uses across tasks (packed collectives, averaged over
+tasks).
 """
 
+import collections
+
+import tensorflow as tf
+
+from replicate import _compat
 from replicate import errors
 from replicate._compat import tf1
+from replicate.cluster import all_reduce_config
 from replicate.cluster import cluster_check
+from replicate.core.reduce_util import ReduceOp
+from replicate.cross_tower import cross_tower_base
+from replicate.cross_tower import multi_worker_ops
+from replicate.cross_tower import values as values_lib
 
 
 def _check_job(cluster_spec, job):
@@ -172,3 +191,187 @@ def wait_for_tasks(cluster_spec, tasks, timeout_secs):
         'timeout_secs must be a positive number of seconds, got {!r}.'.format(
             timeout_secs))
   cluster_check.wait_for_tasks(cluster_spec, list(tasks), timeout_secs)
+
+
+def _check_run_config(run_config):
+  if not isinstance(run_config, tf1.estimator.RunConfig):
+    raise errors.InvalidTypeError(
+        'run_config must be a tf.compat.v1.estimator.RunConfig, got {!r} of '
+        'type {}.'.format(run_config, type(run_config).__name__))
+  cluster_spec = run_config.cluster_spec
+  if (not cluster_spec or not cluster_spec.jobs or
+      run_config.task_type not in ('chief', 'master', 'worker')):
+    raise errors.InvalidArgumentError(
+        'All-reduce across tasks needs a RunConfig of a training task of a '
+        'cluster (TF_CONFIG with a "cluster" and a "task" of type chief, '
+        'master or worker, set before the RunConfig is created); this one '
+        'has cluster {} and task type {!r}.'.format(
+            cluster_spec.as_dict() if cluster_spec else {},
+            run_config.task_type))
+  return cluster_spec
+
+
+def all_reduce_run_config(run_config=None):
+  """A RunConfig whose sessions can all-reduce with the other tasks.
+
+  For `replicate_model_fn(..., variable_placement=REPLICATED)` in a cluster
+  without a `ps` job. The session config (the RunConfig's, or the
+  Estimator's default for clusters) gets the collective group leader every
+  task names (the chief, else the first worker), device filters that keep
+  the session to this task, and `operation_timeout_in_ms` (60 s where it has
+  none) so that a lost task ends training with an error, not a hang.
+
+      run_config = replicate.multi_worker.all_reduce_run_config(
+          tf.compat.v1.estimator.RunConfig(session_creation_timeout_secs=600))
+      server = replicate.multi_worker.all_reduce_server(run_config)
+      estimator = tf.compat.v1.estimator.Estimator(model_fn, config=run_config)
+      estimator.train(input_fn, max_steps=...)
+
+  Args:
+    run_config: a `RunConfig` that read `TF_CONFIG`; `None` for
+      `RunConfig()`.
+
+  Returns:
+    A new `RunConfig` (`run_config.replace(session_config=...)`).
+
+  Raises:
+    InvalidTypeError: if `run_config` is not a `RunConfig`.
+    InvalidArgumentError: if it names no cluster or is not a training task.
+  """
+  if run_config is None:
+    run_config = tf1.estimator.RunConfig()
+  cluster_spec = _check_run_config(run_config)
+  return run_config.replace(
+      session_config=all_reduce_config.all_reduce_session_config(
+          cluster_spec, run_config.task_type, run_config.task_id or 0,
+          run_config.session_config))
+
+
+def all_reduce_server(run_config):
+  """Starts this task's server with the config collectives need.
+
+  TF resolves collective groups with the server's own config, so the
+  server needs the group leader too; `tf.estimator.train_and_evaluate`
+  starts servers without it, so start the server with this and call
+  `Estimator.train` (keep the returned server alive while training).
+
+  Args:
+    run_config: the `RunConfig` from `all_reduce_run_config`.
+
+  Returns:
+    A started `tf.compat.v1.train.Server`.
+
+  Raises:
+    InvalidTypeError: if `run_config` is not a `RunConfig`.
+    InvalidArgumentError: if it names no cluster, is not a training task, or
+      its session config names no collective group leader.
+  """
+  cluster_spec = _check_run_config(run_config)
+  session_config = run_config.session_config
+  if (session_config is None or
+      not session_config.experimental.collective_group_leader):
+    raise errors.InvalidArgumentError(
+        'The RunConfig\'s session config names no collective group leader; '
+        'pass the RunConfig through '
+        'replicate.multi_worker.all_reduce_run_config first.')
+  return tf1.train.Server(
+      cluster_spec, job_name=run_config.task_type,
+      task_index=run_config.task_id or 0, config=session_config,
+      protocol=run_config.protocol)
+
+
+def gradient_all_reduce(num_workers, loss_reduction):
+  """The `CrossTowerOps` that all-reduces REPLICATED gradients across tasks.
+
+  Args:
+    num_workers: how many training tasks all-reduce together (> 1).
+    loss_reduction: the replicated model's `tf.compat.v1.losses.Reduction`.
+
+  Returns:
+    A `WorkerAllReduce`: with a mean-type loss reduction each task's towers'
+    loss is its batch's mean, so the sum over tasks is divided by
+    `num_workers` (the gradient of the mean loss over the global batch, as
+    `SyncReplicasOptimizer` and Horovod average); with `SUM` it is the sum.
+  """
+  scale = 1.0 if loss_reduction == tf1.losses.Reduction.SUM else (
+      1.0 / num_workers)
+  return WorkerAllReduce(num_workers, scale)
+
+
+class WorkerAllReduce(multi_worker_ops.CollectiveAllReduce):
+  """`CollectiveAllReduce` of packed gradients, scaled for the mean.
+
+  A batch of dense values on the same devices is reduced as one collective
+  per dtype: each device's values are flattened and concatenated, reduced,
+  scaled and split again (Horovod's fusion buffer), so many small variables
+  cost one collective rather than one each. Other batches go through
+  `CollectiveAllReduce` and are scaled after.
+  """
+
+  def __init__(self, num_workers, scale=1.0):
+    """Builds the object.
+
+    Args:
+      num_workers: int >= 1, how many tasks take part.
+      scale: what every sum is multiplied by (1.0: nothing is).
+    """
+    super(WorkerAllReduce, self).__init__(num_workers=num_workers)
+    self._scale = scale
+
+  def _batch_reduce(self, reduce_op, value_destination_pairs):
+    devices = value_destination_pairs[0][0].devices
+    if reduce_op != ReduceOp.SUM or not all(
+        _packable(value, destinations, devices)
+        for value, destinations in value_destination_pairs):
+      return [self._scaled(m) for m in super(
+          WorkerAllReduce, self)._batch_reduce(reduce_op,
+                                               value_destination_pairs)]
+    by_dtype = collections.OrderedDict()
+    for position, (value, _) in enumerate(value_destination_pairs):
+      by_dtype.setdefault(value.values[0].dtype.base_dtype, []).append(
+          position)
+    results = [None] * len(value_destination_pairs)
+    for positions in by_dtype.values():
+      values = [value_destination_pairs[i][0] for i in positions]
+      sizes = [v.values[0].shape.num_elements() for v in values]
+      packed = {}
+      for d in devices:
+        with tf1.device(d):
+          packed[d] = tf.concat([tf.reshape(v.get(d), [-1]) for v in values],
+                                axis=0)
+      reduced = super(WorkerAllReduce, self)._batch_reduce_on_devices(
+          ReduceOp.SUM, [(values_lib.PerDevice(packed), list(devices))])[0]
+      pieces = {}
+      for d in devices:
+        with tf1.device(d):
+          pieces[d] = tf.split(self._scale_tensor(reduced.get(d)), sizes)
+      for k, (position, value) in enumerate(zip(positions, values)):
+        results[position] = values_lib.Mirrored({
+            d: tf.reshape(pieces[d][k], value.values[0].shape)
+            for d in devices})
+    return results
+
+  def _scale_tensor(self, tensor):
+    if self._scale == 1.0:
+      return tensor
+    return tensor * tf.cast(self._scale, tensor.dtype)
+
+  def _scaled(self, mirrored):
+    if self._scale == 1.0:
+      return mirrored
+    scaled = {}
+    for d in mirrored.devices:
+      with tf1.device(d):
+        scaled[d] = self._scale_tensor(mirrored.get(d))
+    return values_lib.Mirrored(scaled)
+
+
+def _packable(value, destinations, devices):
+  """Whether `value` can join a packed collective over `devices`."""
+  if cross_tower_base.is_sparse(value) or list(value.devices) != list(devices):
+    return False
+  if sorted(destinations) != sorted(devices):
+    return False
+  tensor = value.values[0]
+  return (isinstance(tensor, tf.Tensor) and tensor.shape.is_fully_defined()
+          and tensor.dtype.base_dtype in _compat.collective_dtypes())

@@ -1,9 +1,13 @@
-"""Between-graph training on a TF cluster with parameter servers.
+"""Between-graph training on a TF cluster: parameter servers or all-reduce.
 
 Holds the placement of towers and variables read from the Estimator's
-`RunConfig` / `TF_CONFIG` (`placement`) and the start-up check of the
-cluster's tasks (`cluster_check`). `replicate/multi_worker.py` is the
-public facade of the helpers users call.
+`RunConfig` / `TF_CONFIG` (`placement`), the start-up check of the
+cluster's tasks (`cluster_check`), and, for `VariablePlacement.REPLICATED`
+without parameter servers, the collective session config
+(`all_reduce_config`) and the TRAIN spec of tasks that all-reduce together
+(`all_reduce_training`; their gradients' `CrossTowerOps` is
+`replicate.multi_worker.gradient_all_reduce`).
+`replicate/multi_worker.py` is the public facade of the helpers users call.
 
 May import: `replicate.core`, `replicate.towers` (and errors, _compat).
 Never `strategy` or a facade.

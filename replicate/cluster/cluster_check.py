@@ -133,6 +133,21 @@ def _check_task(cluster_spec, task, deadline):
   return None
 
 
+def unreachable_tasks(cluster_spec, tasks):
+  """The `(job, index)` pairs of `tasks` whose port refuses connections now.
+
+  One TCP connection attempt per task (at most 1 s each).
+
+  Args:
+    cluster_spec: a `tf.train.ClusterSpec`.
+    tasks: `(job, task_index)` pairs.
+
+  Returns:
+    A list of the pairs, in the order given.
+  """
+  return [t for t in tasks if not _accepts(cluster_spec, t)]
+
+
 def _accepts(cluster_spec, task):
   host, port = _host_port(cluster_spec.task_address(*task))
   try:
@@ -194,7 +209,7 @@ class ClusterCheckHook(tf1.train.SessionRunHook):
   """
 
   def __init__(self, cluster_spec, device_filters, tower_devices,
-               timeout_secs, stop_hooks=()):
+               timeout_secs, stop_hooks=(), tasks=None):
     """Creates the hook.
 
     Args:
@@ -205,9 +220,13 @@ class ClusterCheckHook(tf1.train.SessionRunHook):
         TF does (forever), logging every 30 s.
       stop_hooks: the `StopAtStepHook`s of the `Estimator.train` call (see
         `_compat.estimator_stop_hooks`): their last step is the target.
+      tasks: the `(job, index)` pairs to wait for; `None` for those the
+        session's device filters name. Tasks that all-reduce together need
+        each other although their sessions are filtered to themselves.
     """
     self._cluster_spec = cluster_spec
-    self._tasks = needed_tasks(cluster_spec, list(device_filters))
+    self._tasks = (needed_tasks(cluster_spec, list(device_filters))
+                   if tasks is None else sorted(tasks))
     self._tower_devices = list(tower_devices)
     self._timeout_secs = timeout_secs
     self._stop_hooks = list(stop_hooks)
@@ -340,12 +359,14 @@ class TaskWatcher(object):
             'this task.', name)
 
 
-def make_hook(config, tower_devices):
+def make_hook(config, tower_devices, tasks=None):
   """The `ClusterCheckHook` of a training task, from its `RunConfig`.
 
   Args:
     config: the Estimator's `RunConfig` (it names a cluster).
     tower_devices: the fully qualified tower devices.
+    tasks: the `(job, index)` pairs to wait for before the session is
+      created; `None` for those the session's device filters name.
 
   Returns:
     A `ClusterCheckHook`.
@@ -355,5 +376,5 @@ def make_hook(config, tower_devices):
   return ClusterCheckHook(
       config.cluster_spec, session_config.device_filters, tower_devices,
       timeout_ms / 1000.0 if timeout_ms > 0 else None,
-      _compat.estimator_stop_hooks())
+      _compat.estimator_stop_hooks(), tasks)
 

@@ -14,6 +14,11 @@ does for the unreplicated model:
   `tf.compat.v1.train.GreedyLoadBalancingStrategy`. Every worker builds the
   same graph in the same order, so every worker makes the same choice.
 
+With `VariablePlacement.REPLICATED` and no `ps` job, every training task
+keeps its own variables on its tower 0's device and the towers of all tasks
+all-reduce their gradients (`Placement.num_workers` tasks; see
+`all_reduce_training`).
+
 This module only reads the Estimator's `RunConfig` (which reads `TF_CONFIG`)
 and decides placement; it builds no ops.
 """
@@ -22,6 +27,7 @@ import numbers
 from replicate import errors
 from replicate._compat import ModeKeys
 from replicate._compat import tf1
+from replicate.cluster import all_reduce_config
 from replicate.cluster import cluster_check
 from replicate.core import device_util
 from replicate.towers import device_setter
@@ -120,8 +126,10 @@ def placement(config, mode, devices, variable_placement, ps_strategy=None):
   Raises:
     InvalidArgumentError: if `PARAMETER_SERVERS` is asked for without a
       cluster that has a `ps` job, `ROUND_ROBIN` is asked for in a cluster
-      with one, a device names a job or task the cluster does not have, or
-      this task is not a training task.
+      with one, `REPLICATED` is asked for in a cluster with a `ps` job or,
+      across several training tasks, without the collective session config
+      (`replicate.multi_worker.all_reduce_run_config`), a device names a job
+      or task the cluster does not have, or this task is not a training task.
   """
   cluster = cluster_of(config) if mode == ModeKeys.TRAIN else None
   wants_ps = variable_placement == VariablePlacement.PARAMETER_SERVERS
@@ -169,12 +177,34 @@ def placement(config, mode, devices, variable_placement, ps_strategy=None):
         'ps_strategy={!r} needs a "ps" job in the cluster, but TF_CONFIG\'s '
         'cluster has only the jobs {}; add a "ps" job or drop ps_strategy.'
         .format(ps_strategy, jobs))
+  replicated = variable_placement == VariablePlacement.REPLICATED
+  if replicated and has_ps:
+    raise errors.InvalidArgumentError(
+        'variable_placement=REPLICATED keeps a copy of every variable on '
+        'every training task and all-reduces the gradients, but the cluster '
+        'has a "ps" job ({} task(s)), whose variables the workers would '
+        'share instead. Remove "ps" from TF_CONFIG\'s cluster to all-reduce '
+        'across the chief and workers, or use '
+        'VariablePlacement.PARAMETER_SERVERS.'.format(
+            cluster_spec.num_tasks(PS_JOB)))
 
   task_prefix = '/job:{}/task:{}'.format(task_type, task_id)
   tower_devices = [
       qualified_device(d, task_prefix, cluster_spec) for d in devices]
-  hooks = [cluster_check.make_hook(config, tower_devices)]
   aggregation_device = _local_consolidation_device(tower_devices, task_prefix)
+  if replicated:
+    num_workers = len(all_reduce_config.training_tasks(cluster_spec))
+    if num_workers > 1:
+      all_reduce_config.check_session_config(config, cluster_spec, task_type,
+                                             task_id)
+    hooks = [cluster_check.make_hook(
+        config, tower_devices,
+        all_reduce_config.training_tasks(cluster_spec))]
+    # Tower 0's device holds the task's own variables; every training task
+    # has its own copy, and the towers of all tasks all-reduce gradients.
+    return Placement(tower_devices, lambda unused_op: tower_devices[0],
+                     aggregation_device, hooks, num_workers=num_workers)
+  hooks = [cluster_check.make_hook(config, tower_devices)]
   if not has_ps:
     # No parameter servers: each task keeps its own variables on its own
     # consolidation device (what cross-worker all-reduce strategies build on).

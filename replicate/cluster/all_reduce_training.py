@@ -1,0 +1,186 @@
+"""The TRAIN spec of a task that all-reduces with other tasks (no ps).
+
+With `VariablePlacement.REPLICATED` in a cluster without parameter servers,
+every training task builds its own graph and keeps its own variables, on its
+own task. TF's `MonitoredTrainingSession` assumes that the chief
+initializes (or restores) the model's global variables for everybody and
+that the other workers wait until they are ready, which here they never
+would be: nobody but the task itself can initialize its variables. So the
+scaffold of every task's TRAIN spec gets a `local_init_op` (which both the
+chief's and the workers' session creation run, after the chief's restore or
+initialization and before any hook's `after_create_session`) that
+
+* on a non-chief task, initializes the task's own global variables; its
+  `ready_for_local_init_op` is empty, so that it runs at once;
+* on every task, then broadcasts the first training task's (the chief's)
+  global variables to all tasks: trained variables, optimizer slots and the
+  global step, restored from a checkpoint or freshly initialized. The
+  broadcast is one collective all-reduce of every value (cast to float64,
+  which holds every float32, int32 and int64 below 2**53 exactly) where the
+  chief gives its values and the others zeros.
+
+The global steps then start equal and advance in lockstep (every step's
+gradients are all-reduced over all tasks), before any hook reads them (a
+`StopAtStepHook(num_steps=...)` included). Checkpoints and summaries are the
+chief's: `MonitoredTrainingSession` writes them on the chief only.
+
+A lost task makes the others' collectives fail: after
+`operation_timeout_in_ms` with a `DeadlineExceededError` (TF 1.15), or at once
+with an `UnavailableError` (TF 2.15). `MonitoredSession` takes the latter for
+a preemption and creates the session again, forever, while TF's collective
+executor stays aborted for the life of the process. So the `local_init_op`
+first runs a guard (a `py_func`, in this process) that lets the session be
+created once per graph: a second creation raises `UnavailableError` naming
+the training tasks that no longer accept connections. Restarting every task
+resumes from the chief's last checkpoint.
+"""
+import tensorflow as tf
+
+from replicate import _compat
+from replicate import errors
+from replicate._compat import tf1
+from replicate.cluster import all_reduce_config
+from replicate.cluster import cluster_check
+from replicate.core import logs as logging
+
+# Collective keys of the broadcast: far from those `CollectiveKeys` hands
+# out to the gradients' all-reduce (group keys from 1, instance keys from
+# 100), equal on every task.
+BROADCAST_GROUP_KEY = 1 << 30
+BROADCAST_INSTANCE_KEY = 1 << 30
+_CASTABLE = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8,
+             tf.int16, tf.int32, tf.int64, tf.uint8, tf.uint16, tf.bool)
+
+
+def finish_train_spec(spec, config, num_workers):
+  """Gives a TRAIN `EstimatorSpec` the scaffold of an all-reducing task.
+
+  Call it at the end of `model_fn`, once every global variable exists.
+
+  Args:
+    spec: the TRAIN `EstimatorSpec` of this task's replicated model.
+    config: the Estimator's `RunConfig` (a training task of a cluster).
+    num_workers: how many training tasks all-reduce together (> 1).
+
+  Returns:
+    The spec with a new scaffold (the spec's own fields kept, its
+    `local_init_op` run after the broadcast).
+  """
+  cluster_spec = config.cluster_spec
+  task = (config.task_type, config.task_id or 0)
+  is_source = task == all_reduce_config.training_tasks(cluster_spec)[0]
+  device = '/job:{}/task:{}/device:CPU:0'.format(*task)
+  variables = tf1.global_variables()
+  scaffold = spec.scaffold or tf1.train.Scaffold()
+  with tf1.name_scope('replicate_all_reduce_start'):
+    with tf1.device(device):
+      guard = tf1.py_func(
+          _OneSession(cluster_spec, task), [], tf.bool, stateful=True,
+          name='one_session_per_graph')
+    with tf1.control_dependencies([guard]):
+      initialize = tf.no_op()
+      if not config.is_chief:
+        initialize = tf1.variables_initializer(variables,
+                                               name='own_variables')
+      broadcast = broadcast_variables(variables, is_source, device,
+                                      num_workers, after=initialize)
+    local_init = scaffold.local_init_op
+    if local_init is None:
+      local_init = tf1.train.Scaffold.default_local_init_op()
+    with tf1.control_dependencies([broadcast]):
+      local_init_op = tf.group(local_init, name='local_init')
+    ready_for_local_init_op = None
+    if not config.is_chief:
+      # Nobody else initializes this task's variables: run at once.
+      ready_for_local_init_op = tf.constant([], tf.string,
+                                            name='ready_for_local_init')
+  return spec._replace(scaffold=tf1.train.Scaffold(
+      local_init_op=local_init_op,
+      ready_for_local_init_op=ready_for_local_init_op,
+      copy_from_scaffold=scaffold))
+
+
+class _OneSession(object):
+  """The `py_func` that lets a task's training session be created once.
+
+  Raises `UnavailableError` (an `errors.UnavailableError`, which TF's
+  `py_func` reports as an `UnknownError` that `MonitoredSession` does not
+  retry) from the second call on.
+  """
+
+  def __init__(self, cluster_spec, task):
+    self._cluster_spec = cluster_spec
+    self._task = task
+    self._calls = 0
+
+  def __call__(self):
+    self._calls += 1
+    if self._calls == 1:
+      return True
+    others = [t for t in all_reduce_config.training_tasks(self._cluster_spec)
+              if t != self._task]
+    lost = cluster_check.unreachable_tasks(self._cluster_spec, others)
+    message = (
+        'The training session of /job:{}/task:{} is being created again after '
+        'an error (TF retries UnavailableError and AbortedError, e.g. when a '
+        'task of the cluster is lost). Training that all-reduces across '
+        'tasks cannot resume in this process: TF\'s collective executor stays '
+        'aborted after such an error. {} Restart every task; training resumes '
+        'from the chief\'s last checkpoint.'.format(
+            self._task[0], self._task[1],
+            'Tasks that no longer accept connections: {}.'.format(', '.join(
+                '/job:{}/task:{} at {}'.format(
+                    job, index, self._cluster_spec.task_address(job, index))
+                for job, index in lost)) if lost else
+            'Every other training task still accepts connections.'))
+    logging.log(logging.ERROR, '%s', message)
+    raise errors.UnavailableError(message)
+
+
+def broadcast_variables(variables, is_source, device, group_size,
+                        after=None):
+  """An op setting `variables` to the source task's values on every task.
+
+  Every task must call it with the same variables in the same order (the
+  same graph) and run it at the same time.
+
+  Args:
+    variables: this task's variables.
+    is_source: whether this task's values are the ones everybody takes.
+    device: this task's CPU, where the collective runs.
+    group_size: how many tasks take part.
+    after: an op the assignments wait for (this task's initializer), or
+      None.
+
+  Returns:
+    An op.
+  """
+  kept = [v for v in variables
+          if v.dtype.base_dtype in _CASTABLE and v.shape.is_fully_defined()]
+  skipped = [v.op.name for v in variables if v not in kept]
+  if skipped:
+    logging.warning(
+        'All-reduce training: variables %s have a dtype or shape a broadcast '
+        'cannot carry; they keep each task\'s own initial values.', skipped)
+  if not kept:
+    return tf.no_op()
+  with tf1.device(device):
+    if is_source:
+      flat = tf.concat([
+          tf.reshape(tf.cast(v.read_value(), tf.float64), [-1])
+          for v in kept], axis=0)
+    else:
+      flat = tf.zeros([sum(v.shape.num_elements() for v in kept)],
+                      tf.float64)
+    total = _compat.collective_all_reduce(
+        flat, group_size, BROADCAST_GROUP_KEY, BROADCAST_INSTANCE_KEY, 'Add',
+        'Id')
+    pieces = tf.split(total, [v.shape.num_elements() for v in kept])
+  dependencies = [after] if after is not None else []
+  assigns = []
+  with tf1.control_dependencies(dependencies):
+    for variable, piece in zip(kept, pieces):
+      value = tf.reshape(tf.cast(piece, variable.dtype.base_dtype),
+                         variable.shape)
+      assigns.append(variable.assign(value, read_value=False))
+  return tf.group(*assigns, name='broadcast')

@@ -1,0 +1,334 @@
+"""VariablePlacement.REPLICATED across the tasks of a cluster without a ps.
+
+* Two tasks (chief + worker) as separate processes on localhost
+  (`all_reduce_task.py`), two virtual CPUs and two towers each, all-reduce
+  their gradients with collective ops: both end with identical variables
+  (tower 1's copies too), equal to one process training the same model on
+  all 16 rows; the worker's own initial values differ from the chief's, so
+  this also checks the broadcast; only the chief writes checkpoints, and a
+  restarted cluster resumes from them.
+* A lost task ends the other's training with an error naming it, within the
+  operation timeout.
+* Misuse, through real Estimators (no servers needed): a `ps` job, a session
+  config without the collective group leader or with a wrong one, device
+  filters that reach the other tasks; and the config helpers.
+
+Every child process ends itself after 80 s; the tests wait at most 85 s.
+"""
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+
+import replicate
+from replicate._compat import tf1
+from replicate.cluster import placement as cluster_placement
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_TASK_SCRIPT = os.path.join(_HERE, 'all_reduce_task.py')
+_CHILD_SECS = 80
+_WAIT_SECS = 85
+
+
+def _load_task_module():
+  spec = importlib.util.spec_from_file_location('all_reduce_task',
+                                                _TASK_SCRIPT)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+task_lib = _load_task_module()
+
+
+def _tf_config(cluster, task_type, task_id):
+  return json.dumps({'cluster': cluster,
+                     'task': {'type': task_type, 'index': task_id}})
+
+
+class _Cluster(object):
+  """Runs a chief and a worker process; collects their results and logs."""
+
+  def __init__(self, root):
+    self.root = root
+    port = replicate.testing.pick_unused_port
+    self.cluster = {'chief': ['127.0.0.1:%d' % port()],
+                    'worker': ['127.0.0.1:%d' % port()]}
+
+  def model_dir(self, task):
+    return os.path.join(self.root, task + '_model')
+
+  def run(self, optimizer, steps, die_at_step=None):
+    """Trains both tasks to `steps`; returns {task: (exit status, result)}."""
+    children = {}
+    for task in ('chief', 'worker'):
+      env = dict(os.environ, TF_CONFIG=_tf_config(self.cluster, task, 0),
+                 TF_CPP_MIN_LOG_LEVEL='2')
+      args = [sys.executable, _TASK_SCRIPT, self._out(task),
+              self.model_dir(task), optimizer, str(steps), str(_CHILD_SECS)]
+      if die_at_step is not None and task == 'worker':
+        args.append(str(die_at_step))
+      if os.path.exists(self._out(task)):
+        os.remove(self._out(task))
+      log = open(self._log(task), 'w')
+      children[task] = subprocess.Popen(args, env=env, stdout=log,
+                                        stderr=subprocess.STDOUT)
+      log.close()
+    results = {}
+    try:
+      for task, child in children.items():
+        code = child.wait(timeout=_WAIT_SECS)
+        result = None
+        if os.path.exists(self._out(task)):
+          with open(self._out(task)) as f:
+            result = json.load(f)
+        results[task] = (code, result)
+    finally:
+      for child in children.values():
+        if child.poll() is None:
+          child.kill()
+          child.wait()
+    return results
+
+  def log(self, task):
+    with open(self._log(task)) as f:
+      return f.read()
+
+  def _out(self, task):
+    return os.path.join(self.root, task + '.json')
+
+  def _log(self, task):
+    return os.path.join(self.root, task + '.log')
+
+
+def _one_process(optimizer, steps):
+  """The unreplicated model on all 16 rows, one process, one device."""
+  model_dir = tempfile.mkdtemp()
+  try:
+    estimator = tf1.estimator.Estimator(
+        task_lib.model_fn_for(tf, tf1, optimizer, 0.0), model_dir=model_dir,
+        config=tf1.estimator.RunConfig(log_step_count_steps=None,
+                                       save_summary_steps=None))
+
+    def input_fn():
+      return tf.data.Dataset.from_tensors(
+          (task_lib.ROWS_X, task_lib.ROWS_Y)).repeat()
+
+    estimator.train(input_fn, max_steps=steps)
+    return {name: estimator.get_variable_value(name)
+            for name in ('dense/kernel', 'dense/bias')}
+  finally:
+    shutil.rmtree(model_dir, ignore_errors=True)
+
+
+class AllReduceAcrossTasksTest(tf.test.TestCase, parameterized.TestCase):
+
+  def setUp(self):
+    super(AllReduceAcrossTasksTest, self).setUp()
+    self.assertNotIn('TF_CONFIG', os.environ)
+    self._root = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, self._root, ignore_errors=True)
+
+  def _check_ok(self, cluster, results):
+    for task in ('chief', 'worker'):
+      code, result = results[task]
+      self.assertEqual(0, code, '{} exited with {}: {}'.format(
+          task, code, cluster.log(task)[-3000:]))
+      self.assertNotIn('error', result)
+
+  @parameterized.parameters('sgd', 'adam')
+  def test_two_tasks_equal_one_process_on_all_rows(self, optimizer):
+    steps = 4
+    cluster = _Cluster(self._root)
+    results = cluster.run(optimizer, steps)
+    self._check_ok(cluster, results)
+    chief = results['chief'][1]['variables']
+    worker = results['worker'][1]['variables']
+    # Same names and bit-identical values on both tasks: each applies the
+    # same all-reduced gradients to the same broadcast initial values.
+    self.assertEqual(sorted(chief), sorted(worker))
+    for name in chief:
+      self.assertAllEqual(np.array(chief[name]), np.array(worker[name]),
+                          msg=name)
+    # Tower 1's copies (and, with Adam, their slots) equal tower 0's.
+    self.assertAllEqual(chief['dense/kernel'], chief['tower_1/dense/kernel'])
+    self.assertAllEqual(chief['dense/bias'], chief['tower_1/dense/bias'])
+    # Lockstep global steps.
+    self.assertEqual(steps, chief['global_step'])
+    self.assertEqual(steps, worker['global_step'])
+    # Four towers of 4 rows with the mean loss each, averaged over tasks:
+    # the gradient of the mean over all 16 rows, as in one process.
+    expected = _one_process(optimizer, steps)
+    self.assertAllClose(expected['dense/kernel'],
+                        np.array(chief['dense/kernel']), rtol=1e-5, atol=1e-6)
+    self.assertAllClose(expected['dense/bias'], np.array(chief['dense/bias']),
+                        rtol=1e-5, atol=1e-6)
+    # The worker's own initializer gives kernel + 0.5; its tower 0's first
+    # loss is that of the chief's initial weights on its rows 8..11, so the
+    # chief's values were broadcast before the first step.
+    rows = slice(8, 12)
+    first = (task_lib.ROWS_X[rows].dot(task_lib.INITIAL_KERNEL) - 0.2 -
+             task_lib.ROWS_Y[rows])
+    self.assertAllClose(np.mean(first ** 2), results['worker'][1]['first_loss'],
+                        rtol=1e-5)
+    # Checkpoints are the chief's only.
+    self.assertIsNotNone(
+        tf1.train.latest_checkpoint(cluster.model_dir('chief')))
+    self.assertIsNone(tf1.train.latest_checkpoint(cluster.model_dir('worker')))
+
+  def test_restart_resumes_from_the_chiefs_checkpoint(self):
+    cluster = _Cluster(self._root)
+    self._check_ok(cluster, cluster.run('sgd', 2))
+    # A new cluster (new processes, fresh worker variables) to step 4: the
+    # chief restores step 2, the worker takes it from the chief.
+    results = cluster.run('sgd', 4)
+    self._check_ok(cluster, results)
+    chief = results['chief'][1]['variables']
+    worker = results['worker'][1]['variables']
+    self.assertEqual(4, chief['global_step'])
+    self.assertEqual(4, worker['global_step'])
+    self.assertAllEqual(chief['dense/kernel'], worker['dense/kernel'])
+    expected = _one_process('sgd', 4)
+    self.assertAllClose(expected['dense/kernel'],
+                        np.array(worker['dense/kernel']), rtol=1e-5,
+                        atol=1e-6)
+
+  def test_lost_task_ends_training_with_an_error_naming_it(self):
+    cluster = _Cluster(self._root)
+    # The worker process ends after its third step; the chief would train
+    # for 100000 steps.
+    results = cluster.run('sgd', 100000, die_at_step=3)
+    self.assertEqual(4, results['worker'][0])
+    code, result = results['chief']
+    # Status 1: an exception from Estimator.train, not the watchdog's 3.
+    self.assertEqual(1, code, cluster.log('chief')[-3000:])
+    self.assertIn('error', result)
+    # TF 1.15: DeadlineExceededError after the operation timeout, the task
+    # named by the cluster watcher's ERROR; TF 2.15: UnavailableError at
+    # once, then the one-session guard's error naming the task.
+    self.assertIn('/job:worker/task:0 at ' + cluster.cluster['worker'][0],
+                  cluster.log('chief'))
+
+
+class MisuseTest(tf.test.TestCase):
+  """Errors raised while the model is built: no servers are started."""
+
+  CLUSTER = {'chief': ['127.0.0.1:1'], 'worker': ['127.0.0.1:2',
+                                                  '127.0.0.1:3']}
+
+  def _run_config(self, cluster=None, task=('worker', 1),
+                  session_config=None):
+    os.environ['TF_CONFIG'] = _tf_config(cluster or self.CLUSTER, *task)
+    try:
+      return tf1.estimator.RunConfig(session_config=session_config)
+    finally:
+      del os.environ['TF_CONFIG']
+
+  def _train(self, config):
+    estimator = tf1.estimator.Estimator(
+        replicate.replicate_model_fn(
+            task_lib.model_fn_for(tf, tf1, 'sgd', 0.0),
+            devices=['/device:CPU:0', '/device:CPU:1'],
+            variable_placement=replicate.VariablePlacement.REPLICATED),
+        model_dir=tempfile.mkdtemp(dir=self.get_temp_dir()), config=config)
+
+    def input_fn():
+      return tf.data.Dataset.from_tensors(
+          (task_lib.ROWS_X[:8], task_lib.ROWS_Y[:8])).repeat()
+
+    estimator.train(input_fn, steps=1)
+
+  def test_ps_job(self):
+    cluster = dict(self.CLUSTER, ps=['127.0.0.1:4'])
+    with self.assertRaisesRegex(
+        replicate.errors.InvalidArgumentError,
+        r'REPLICATED.*"ps" job \(1 task\(s\)\).*Remove "ps"'):
+      self._train(self._run_config(cluster))
+
+  def test_no_group_leader(self):
+    with self.assertRaisesRegex(
+        replicate.errors.InvalidArgumentError,
+        r'across 3 training tasks.*collective_group_leader.*names none.*'
+        r'all_reduce_run_config'):
+      self._train(self._run_config(session_config=tf1.ConfigProto(
+          device_filters=['/job:worker/task:1'])))
+
+  def test_other_group_leader(self):
+    session_config = tf1.ConfigProto(device_filters=['/job:worker/task:1'])
+    session_config.experimental.collective_group_leader = (
+        '/job:worker/replica:0/task:0')
+    with self.assertRaisesRegex(
+        replicate.errors.InvalidArgumentError,
+        r"leader is '/job:worker/replica:0/task:0'.*"
+        r"'/job:chief/replica:0/task:0'"):
+      self._train(self._run_config(session_config=session_config))
+
+  def test_filters_reaching_other_tasks(self):
+    session_config = tf1.ConfigProto(device_filters=['/job:worker'])
+    session_config.experimental.collective_group_leader = (
+        '/job:chief/replica:0/task:0')
+    with self.assertRaisesRegex(
+        replicate.errors.InvalidArgumentError,
+        r"device_filters \['/job:worker'\] let the session of "
+        r'/job:worker/task:1 reach the training task\(s\) /job:worker/task:0;'):
+      self._train(self._run_config(session_config=session_config))
+
+  def test_all_reduce_run_config(self):
+    config = replicate.multi_worker.all_reduce_run_config(self._run_config(
+        session_config=tf1.ConfigProto(device_count={'CPU': 2},
+                                       operation_timeout_in_ms=5000)))
+    session_config = config.session_config
+    self.assertEqual('/job:chief/replica:0/task:0',
+                     session_config.experimental.collective_group_leader)
+    self.assertEqual(['/job:worker/task:1'],
+                     list(session_config.device_filters))
+    self.assertEqual(5000, session_config.operation_timeout_in_ms)
+    self.assertEqual(2, session_config.device_count['CPU'])
+    self.assertEqual(('worker', 1), (config.task_type, config.task_id))
+    # No session config: the Estimator's default for clusters, plus a
+    # bounded operation timeout.
+    default = replicate.multi_worker.all_reduce_run_config(
+        self._run_config(task=('chief', 0))).session_config
+    self.assertTrue(default.allow_soft_placement)
+    self.assertEqual(60000, default.operation_timeout_in_ms)
+    self.assertEqual(['/job:chief/task:0'], list(default.device_filters))
+
+  def test_helpers_refuse_what_cannot_all_reduce(self):
+    with self.assertRaisesRegex(replicate.errors.InvalidArgumentError,
+                                'training task of a cluster'):
+      replicate.multi_worker.all_reduce_run_config(tf1.estimator.RunConfig())
+    with self.assertRaises(replicate.errors.InvalidTypeError):
+      replicate.multi_worker.all_reduce_run_config(tf1.ConfigProto())
+    with self.assertRaisesRegex(replicate.errors.InvalidArgumentError,
+                                'all_reduce_run_config first'):
+      replicate.multi_worker.all_reduce_server(self._run_config())
+
+  def test_placement_counts_the_training_tasks(self):
+    graph = tf.Graph()
+    config = replicate.multi_worker.all_reduce_run_config(self._run_config())
+    with graph.as_default():
+      placement = cluster_placement.placement(
+          config, tf1.estimator.ModeKeys.TRAIN, ['/device:CPU:0',
+                                                 '/device:CPU:1'],
+          replicate.VariablePlacement.REPLICATED)
+      evaluation = cluster_placement.placement(
+          config, tf1.estimator.ModeKeys.EVAL, ['/device:CPU:0'],
+          replicate.VariablePlacement.REPLICATED)
+    self.assertEqual(3, placement.num_workers)
+    self.assertEqual(['/job:worker/task:1/device:CPU:0',
+                      '/job:worker/task:1/device:CPU:1'],
+                     placement.tower_devices)
+    self.assertEqual('/job:worker/task:1/device:CPU:0',
+                     placement.choose_parameter_device(None))
+    self.assertIsNone(evaluation)  # EVAL and PREDICT stay local.
+
+
+if __name__ == '__main__':
+  tf.test.main()
