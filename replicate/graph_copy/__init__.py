@@ -6,7 +6,7 @@ cone a set of targets needs, inputs mapped per copy, devices, seeds, TF1
 while-loop frames, colocation, packed variable reads, the collector paused
 during an import) and the `NodeDef` edits a copy needs (`node_defs`). What
 to copy and when is the clients' decision (towers: `tower_cloning`,
-`output_copies`).
+`output_copies`; strategy: `replica_loop`).
 
 May import: `replicate.core`, `replicate.gradients` (and errors, _compat).
 Never `cross_tower`, `towers`, `strategy`, `cluster` or a facade.

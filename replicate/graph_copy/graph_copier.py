@@ -132,7 +132,6 @@ class GraphCopier(object):
         tf1.control_dependencies(None)), tf1.colocate_with(
             None, ignore_existing=True):
       for tower_id in range(1, len(self._devices)):
-        copies = self._copies[tower_id]
         own = []
         for variable in variables:
           with tf1.device(self._devices[tower_id] if on_tower_devices
@@ -143,12 +142,40 @@ class GraphCopier(object):
                 name=self._prefixes[tower_id] + variable.op.name,
                 dtype=variable.dtype.base_dtype,
                 use_resource=variable.op.type == 'VarHandleOp')
-          copies[variable.op.name] = new.op
-          copies[variable.op.outputs[0].name] = new.op.outputs[0]
           own.append(new)
         per_tower.append(own)
-    self._own_variable_ops.update(v.op for v in variables)
+    self.map_variables(variables, per_tower)
     return per_tower
+
+  def map_variables(self, variables, per_tower):
+    """Copies of ops that read or write a variable use each tower's own.
+
+    Args:
+      variables: tower-0 variables.
+      per_tower: for each tower, its own variables, in the order of
+        `variables` (tower 0's entry is not read).
+    """
+    for tower_id in range(1, len(self._devices)):
+      copies = self._copies[tower_id]
+      for variable, own in zip(variables, per_tower[tower_id]):
+        copies[variable.op.name] = own.op
+        copies[variable.op.outputs[0].name] = own.op.outputs[0]
+    self._own_variable_ops.update(v.op for v in variables)
+
+  def set_copy(self, tower_id, original, copy):
+    """Tower `tower_id`'s copies read `copy` where originals read `original`.
+
+    Args:
+      tower_id: a tower other than 0.
+      original: a tower-0 `Tensor` or `Operation` not copied (e.g. built
+        between rounds by a client, for every tower).
+      copy: what tower `tower_id` reads instead, of the same kind.
+    """
+    self._copies[tower_id][original.name] = copy
+    if isinstance(original, tf.Tensor) and (
+        original.op.name not in self._copies[tower_id]):
+      # A control input on the op means a control input on the copy's op.
+      self._copies[tower_id][original.op.name] = copy.op
 
   def reads_needed_by(self, targets):
     """The plain variable reads that copies of `targets` would read."""

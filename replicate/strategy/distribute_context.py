@@ -163,3 +163,25 @@ def unmirrored_variables():
 def creating_unmirrored_variables():
   """Whether an `unmirrored_variables()` block is open in this thread."""
   return getattr(_state, 'unmirrored', 0) > 0
+
+
+@contextlib.contextmanager
+def in_loop_body():
+  """Marks the body of a graph loop the strategy builds (run_steps).
+
+  Replicas built there are called per replica: copies imported into a TF1
+  `while_loop` body would sit outside its frame (mirrored_copies.py).
+
+  Yields:
+    Nothing.
+  """
+  _state.loop_bodies = getattr(_state, 'loop_bodies', 0) + 1
+  try:
+    yield
+  finally:
+    _state.loop_bodies -= 1
+
+
+def building_loop_body():
+  """Whether an `in_loop_body()` block is open in this thread."""
+  return getattr(_state, 'loop_bodies', 0) > 0

@@ -422,7 +422,8 @@ def run_steps_on_iterator(strategy, fn, iterator, iterations,
 
   def body(step, *loop_values):
     context._last_step_outputs = dict(zip(names, loop_values))  # pylint: disable=protected-access
-    result = fn(context, iterator.get_next())
+    with distribute_context.in_loop_body():
+      result = fn(context, iterator.get_next())
     outputs = context.last_step_outputs
     if sorted(outputs) != names:
       raise errors.InvalidArgumentError(

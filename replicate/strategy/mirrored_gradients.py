@@ -17,6 +17,7 @@ from replicate.core.reduce_util import ReduceOp
 from replicate.cross_tower import cross_tower_base
 from replicate.cross_tower import values as values_lib
 from replicate.gradients import gradient_aggregation
+from replicate.gradients import gradient_gating
 from replicate.strategy import default_strategy
 from replicate.strategy import distribute_context
 from replicate.strategy.mirrored_values import MirroredVariable
@@ -106,6 +107,18 @@ class _ReplicaRawGradients(object):
 
   def __init__(self, raws):
     self.raws = raws
+
+  def _replica_tensors(self):
+    """What a copy of this replica's object is made from (mirrored_copies)."""
+    return [t for raw in self.raws if raw is not None
+            for t in (raw.tensor,) + tuple(raw.gates)]
+
+  def _replica_copy(self, get):
+    """Another replica's object: `get` maps each tensor and op to its copy."""
+    return _ReplicaRawGradients([
+        None if raw is None else gradient_gating.RawGradient(
+            get(raw.tensor), tuple(get(gate) for gate in raw.gates))
+        for raw in self.raws])
 
 
 def _fused_sums(strategy, grads_and_vars, raws):

@@ -1,6 +1,8 @@
-"""`call_for_each_replica` for mirrored strategies: one thread per replica.
+"""The replica threads and replica context of mirrored strategies.
 
-The calling (main) thread drives the replica threads one at a time: it lets
+Each replica built by a call of the replica function runs it in a thread of
+its own (`ReplicaThread`), so that it can pause in `merge_call`. The calling
+(main) thread drives them one at a time (replica_loop.py): it lets
 replica 0 run until it finishes or reaches `merge_call`, then replica 1, and
 so on. When every replica has paused in `merge_call`, the main thread runs the
 merge function once, in cross-replica context, hands each replica its share of
@@ -31,25 +33,19 @@ import tensorflow as tf
 from replicate import _compat
 from replicate import errors
 from replicate._compat import tf1
-from replicate.core import logs as logging
 from replicate.core import reduce_util
 from replicate.cross_tower import values as values_lib
 from replicate.gradients import matmul_gradient
 from replicate.strategy import default_strategy
-from replicate.strategy import distribute_context
 from replicate.strategy import mirrored_gradients
 from replicate.strategy import replica_context
-
-# How long the main thread waits for an aborted replica thread to exit before
-# giving up on it (it is a daemon thread, so it cannot keep the process alive).
-_JOIN_TIMEOUT_S = 30.0
 
 
 class _Aborted(Exception):
   """Raised inside a paused replica thread when the run is stopped."""
 
 
-class _Run(object):
+class Run(object):
   """State shared by the main thread and the replica threads of one call."""
 
   def __init__(self):
@@ -62,12 +58,12 @@ class _Run(object):
     self.taken = {}
 
 
-class _ReplicaThread(threading.Thread):
+class ReplicaThread(threading.Thread):
   """Runs `fn` for one replica; pauses at each `merge_call`."""
 
   def __init__(self, run, strategy, replica_id, device, fn, args, kwargs,
                creator):
-    super(_ReplicaThread, self).__init__(
+    super(ReplicaThread, self).__init__(
         name='replicate_replica_{}'.format(replica_id))
     self.daemon = True
     self.run_state = run
@@ -101,6 +97,12 @@ class _ReplicaThread(threading.Thread):
     self.captured_var_scope = None
     self.captured_control_deps = set()
     self.running_scopes = contextlib.ExitStack()
+    # Merge results handed out at once, without pausing: a replica built by
+    # its own call after the others were copies catches up with them.
+    self.replay = []
+    self.context = None
+    # Whether the function asked which replica it builds (mirrored_copies).
+    self.asked_replica_id = False
 
   def enter_running_scopes(self):
     """Enters what a replica holds only while it runs (see module doc)."""
@@ -115,6 +117,7 @@ class _ReplicaThread(threading.Thread):
       if self.run_state.aborted:
         return
       context = MirroredReplicaContext(self.strategy, self.replica_id, self)
+      self.context = context
       with self.init_graph.as_default(), \
           self.graph.as_default(), \
           self.graph.colocate_with(None, ignore_existing=True), \
@@ -140,6 +143,9 @@ class _ReplicaThread(threading.Thread):
 
   def pause_for_merge(self, merge_fn, args, kwargs):
     """Called by this thread's replica context: waits for the merge result."""
+    if self.replay:
+      self.merge_calls += 1
+      return self.replay.pop(0)
     self.merge_fn, self.merge_args, self.merge_kwargs = merge_fn, args, kwargs
     self.captured_name_scope = self.graph.get_name_scope()
     if self.captured_name_scope:
@@ -168,6 +174,16 @@ class MirroredReplicaContext(replica_context.ReplicaContext):
     self._thread = thread
     self._raw_gradients = {}
 
+  @property
+  def replica_id_in_sync_group(self):
+    """This replica's index (a Python int); see `ReplicaContext`."""
+    self._thread.asked_replica_id = True
+    return self._replica_id_in_sync_group
+
+  def _devices(self):
+    self._thread.asked_replica_id = True
+    return super(MirroredReplicaContext, self)._devices()
+
   def _routes_gradients(self):
     return True
 
@@ -192,7 +208,8 @@ class MirroredReplicaContext(replica_context.ReplicaContext):
           'merge_call of replica {} was called from thread {!r}, not from '
           'the thread running that replica. Call merge_call from the '
           'function given to call_for_each_replica itself.'.format(
-              self.replica_id_in_sync_group, threading.current_thread().name))
+              self._replica_id_in_sync_group,
+              threading.current_thread().name))
     return self._thread.pause_for_merge(merge_fn, args, kwargs)
 
   def _all_reduce(self, reduce_op, value):
@@ -347,108 +364,3 @@ def select_replica(device, structure, keep=()):
       return leaf.get(device)
     return leaf
   return tf.nest.map_structure(select, structure)
-
-
-def call_for_each_replica(strategy, devices, fn, args, kwargs, make_creator,
-                          keep=()):
-  """Runs `fn` once per device, one thread each; see the module docstring.
-
-  Args:
-    strategy: the `Strategy`.
-    devices: the replica devices (canonical strings), in replica order.
-    fn: the function to replicate.
-    args: a tuple of arguments; distributed leaves are split by replica.
-    kwargs: a dict of keyword arguments, likewise.
-    make_creator: `make_creator(run)` returns the variable creator each
-      replica thread enters (it shares variables through `run.created`).
-    keep: see `select_replica`.
-
-  Returns:
-    `fn`'s results regrouped (see `regroup`).
-
-  Raises:
-    ContextError: in eager mode, or if replicas call `merge_call` a
-      different number of times.
-    Any exception `fn` or a merge function raises.
-  """
-  if tf.executing_eagerly():
-    raise errors.ContextError(
-        'call_for_each_replica of a mirrored strategy builds graphs; it was '
-        'called eagerly. Call it inside `with tf.Graph().as_default():`.')
-  graph = tf1.get_default_graph()
-  # Replica threads need their own device, colocation and control-dependency
-  # stacks (TF 2.x graphs have them already).
-  graph.switch_to_thread_local()
-  run = _Run()
-  creator = make_creator(run)
-  threads = [
-      _ReplicaThread(run, strategy, i, device, fn,
-                     select_replica(device, args, keep),
-                     select_replica(device, kwargs, keep), creator)
-      for i, device in enumerate(devices)]
-  for t in threads:
-    t.start()
-  finished = False
-  try:
-    # Entering the caller's variable scope here restores it on exit, after
-    # replica threads have set the graph-wide scope to theirs.
-    with tf1.variable_scope(tf1.get_variable_scope(),
-                            auxiliary_name_scope=False):
-      while True:
-        for t in threads:
-          t.should_run.set()
-          t.has_paused.wait()
-          t.has_paused.clear()
-          if t.exc_info is not None:
-            raise t.exc_info[1].with_traceback(t.exc_info[2])
-        if all(t.done for t in threads):
-          break
-        if any(t.done for t in threads):
-          raise errors.ContextError(
-              'Replicas called merge_call a different number of times ({}); '
-              'every replica must reach the same merge_calls in the same '
-              'order. Avoid merge_call under replica-dependent Python '
-              'conditions.'.format(', '.join(
-                  'replica {}: {}'.format(t.replica_id, t.merge_calls)
-                  for t in threads)))
-        _merge(strategy, devices, threads, keep)
-    finished = True
-  finally:
-    if not finished:
-      run.aborted = True
-    for t in threads:
-      t.should_run.set()
-    for t in threads:
-      t.join(_JOIN_TIMEOUT_S)
-      if t.is_alive():
-        logging.warning(
-            'Replica thread %s did not stop within %.0f s after the run was '
-            'aborted; it is left running as a daemon thread.', t.name,
-            _JOIN_TIMEOUT_S)
-  return regroup(devices, [t.result for t in threads])
-
-
-def _op_name(op):
-  return op.name
-
-
-def _merge(strategy, devices, threads, keep):
-  """Runs the paused replicas' merge function once; hands out its result."""
-  merge_args = regroup(devices, [t.merge_args for t in threads])
-  merge_kwargs = regroup(devices, [t.merge_kwargs for t in threads])
-  first = threads[0]
-  graph = first.graph
-  # What the merge function builds runs after every replica's open control
-  # dependencies (e.g. an update inside `tf.control_dependencies([op])` in
-  # a replica waits for each replica's `op`), as in TF.
-  control_deps = set()
-  for t in threads:
-    control_deps.update(t.captured_control_deps)
-  with graph.name_scope(first.captured_name_scope), \
-      tf1.variable_scope(first.captured_var_scope,
-                         auxiliary_name_scope=False), \
-      graph.control_dependencies(sorted(control_deps, key=_op_name)), \
-      distribute_context.push_cross_replica(strategy):
-    result = first.merge_fn(strategy, *merge_args, **merge_kwargs)
-  for device, t in zip(devices, threads):
-    t.merge_result = select_replica(device, result, keep)

@@ -2,12 +2,13 @@
 
 Every variable created in the strategy's scope is mirrored (one copy per
 device; `synchronization=ON_READ` variables are `SyncOnReadVariable`s).
-`call_for_each_replica` builds the replica function once per device
-(`mirrored_run`); `reduce_to` / `batch_reduce_to` combine per-replica values
-through a `CrossTowerOps` (by default `choose_the_best(devices)`). As in TF
-1.14, each replica scales its loss to the global batch and gradients are
-summed across replicas (`mirrored_gradients`). Graph mode only. Semantics
-and differences from TF: docs/mirrored_strategy.md.
+`call_for_each_replica` runs the replica function once and copies replica
+0's graph onto the other devices, or calls it per device (`replica_loop`);
+`reduce_to` / `batch_reduce_to` combine per-replica values through a
+`CrossTowerOps` (by default `choose_the_best(devices)`). As in TF 1.14,
+each replica scales its loss to the global batch and gradients are summed
+across replicas (`mirrored_gradients`). Graph mode only. Semantics and
+differences from TF: docs/mirrored_strategy.md.
 """
 import functools
 import weakref
@@ -26,8 +27,10 @@ from replicate.strategy import default_strategy
 from replicate.strategy import distribute_context
 from replicate.strategy import input_lib
 from replicate.strategy import mirrored_run
+from replicate.strategy import replica_loop
 from replicate.strategy import strategy_base
 from replicate.strategy import strategy_extended
+from replicate.strategy.mirrored_copies import ReplicaBuild
 from replicate.strategy.mirrored_values import MirroredVariable
 from replicate.strategy.sync_on_read import SyncOnReadVariable
 
@@ -36,10 +39,6 @@ _VARIABLE_COLLECTIONS = (tf1.GraphKeys.GLOBAL_VARIABLES,
                          tf1.GraphKeys.TRAINABLE_VARIABLES,
                          tf1.GraphKeys.LOCAL_VARIABLES,
                          tf1.GraphKeys.MODEL_VARIABLES)
-
-
-def _default_devices():
-  return device_check.default_devices()
 
 
 def _check_devices(devices):
@@ -53,9 +52,11 @@ class MirroredExtended(strategy_extended.StrategyExtended):
   # Bookkeeping of variables made in one graph; a deep copy starts empty.
   _NOT_DEEPCOPIED = ('_containers', '_plain_variables')
 
-  def __init__(self, container_strategy, devices, cross_tower_ops):
+  def __init__(self, container_strategy, devices, cross_tower_ops,
+               replica_build=ReplicaBuild.CLONE):
     super(MirroredExtended, self).__init__(container_strategy)
     self._devices = devices
+    self._replica_build = replica_build
     self._given_cross_tower_ops = cross_tower_ops
     self._chosen_cross_tower_ops = None
     self._session_config = None
@@ -86,9 +87,9 @@ class MirroredExtended(strategy_extended.StrategyExtended):
       return variable
     replica = default_strategy.get_replica_context()
     name = kwargs.get('name')
-    if run is not None and replica is not None and (
-        replica.replica_id_in_sync_group > 0):
-      return self._shared_variable(run, replica.replica_id_in_sync_group, name)
+    replica_id = getattr(replica, '_replica_id_in_sync_group', 0)
+    if run is not None and replica is not None and replica_id > 0:
+      return self._shared_variable(run, replica_id, name)
     variable = self._create_mirrored(next_creator, kwargs)
     if run is not None:
       run.created.setdefault(name, []).append(variable)
@@ -244,9 +245,15 @@ class MirroredExtended(strategy_extended.StrategyExtended):
 
   def _call_for_each_replica(self, fn, args, kwargs):
     _check_not_estimator(fn)
-    return mirrored_run.call_for_each_replica(
+    return replica_loop.call_for_each_replica(
         self._container_strategy(), self._devices, fn, args, kwargs,
-        self._make_creator, keep=(MirroredVariable,))
+        self._make_creator, keep=(MirroredVariable,),
+        replica_build=self._replica_build,
+        mirrored_variables=self._mirrored_variables)
+
+  def _mirrored_variables(self):
+    """Every `MirroredVariable` (slots too) of this strategy, once each."""
+    return list({id(v): v for v in self._containers.values()}.values())
 
   # Reductions.
 
@@ -445,7 +452,7 @@ class MirroredStrategy(strategy_base.Strategy):
   """
 
   def __init__(self, devices=None, cross_device_ops=None,
-               cross_tower_ops=None):
+               cross_tower_ops=None, replica_build=ReplicaBuild.CLONE):
     """Builds the strategy.
 
     Args:
@@ -456,10 +463,13 @@ class MirroredStrategy(strategy_base.Strategy):
         `cross_tower_ops.choose_the_best(devices)`.
       cross_tower_ops: contrib's name for `cross_device_ops`; give one of the
         two.
+      replica_build: a `ReplicaBuild` (mirrored_copies.py): `CLONE` copies
+        replica 0's graph, `CALL_PER_REPLICA` calls the function per replica.
 
     Raises:
-      InvalidTypeError: if `devices` is not a list of strings, or the
-        cross-device ops are not a `CrossTowerOps`.
+      InvalidTypeError: if `devices` is not a list of strings, the
+        cross-device ops are not a `CrossTowerOps`, or `replica_build` is
+        not a `ReplicaBuild`.
       InvalidArgumentError: if `devices` is empty or repeats a device, or
         both `cross_device_ops` and `cross_tower_ops` are given.
     """
@@ -470,7 +480,7 @@ class MirroredStrategy(strategy_base.Strategy):
           'one.')
     if cross_tower_ops is None:
       cross_tower_ops = cross_device_ops
-    devices = _check_devices(_default_devices() if devices is None
+    devices = _check_devices(device_check.default_devices() if devices is None
                              else devices)
     if cross_tower_ops is not None and not isinstance(
         cross_tower_ops, cross_tower_base.CrossTowerOps):
@@ -478,5 +488,9 @@ class MirroredStrategy(strategy_base.Strategy):
           'cross_tower_ops must be a replicate.cross_tower_ops.CrossTowerOps '
           '(e.g. ReductionToOneDeviceCrossTowerOps()), got {!r}.'.format(
               cross_tower_ops))
+    if not isinstance(replica_build, ReplicaBuild):
+      raise errors.InvalidTypeError(
+          'replica_build must be a ReplicaBuild (ReplicaBuild.CLONE or '
+          'ReplicaBuild.CALL_PER_REPLICA), got {!r}.'.format(replica_build))
     super(MirroredStrategy, self).__init__(
-        MirroredExtended(self, devices, cross_tower_ops))
+        MirroredExtended(self, devices, cross_tower_ops, replica_build))

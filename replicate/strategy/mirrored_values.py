@@ -74,7 +74,9 @@ class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):
     replica = default_strategy.get_replica_context()
     if (replica is not None and replica.strategy is self._strategy and
         default_strategy.get_strategy() is self._strategy):
-      return self.values[replica.replica_id_in_sync_group]
+      # The private id: asking the public one marks a replica function
+      # that may differ per replica (mirrored_copies.py).
+      return self.values[replica._replica_id_in_sync_group]  # pylint: disable=protected-access
     return self.primary
 
   def _copy_as_tensor(self):

@@ -13,6 +13,7 @@ from replicate import testing
 from replicate._compat import tf1
 from replicate.cross_tower import values
 from replicate.strategy import mirrored_values
+from replicate.strategy.mirrored_copies import ReplicaBuild
 
 NUM = 4
 DEVICES = testing.virtual_cpu_devices(NUM)
@@ -447,7 +448,8 @@ class MergeCallTest(tf.test.TestCase):
     self.assertEqual(_replica_threads(), [])
 
   def test_another_replicas_context_raises(self):
-    strategy = _strategy()
+    # Replica 1 must run the function to misuse replica 0's context.
+    strategy = _strategy(replica_build=ReplicaBuild.CALL_PER_REPLICA)
     contexts = []
 
     def fn():

@@ -1,0 +1,297 @@
+"""`call_for_each_replica` of mirrored strategies: the loop that drives it.
+
+Replicas are built by calls of the replica function (mirrored_run.py: one
+thread each, driven one at a time, the merge function run between) or, by
+default, as copies of replica 0 (mirrored_copies.py): only replica 0's
+thread runs, and at each of its sync points (a `merge_call`, its end) what
+it built is copied onto the other replicas before the merge function runs
+with every replica's values.
+
+A run that copies can stop copying at any sync point, when a reason shows up
+(replica 0 asked its replica id, a merge handed out different Python
+values): the other replicas' threads then start and call the function from
+its beginning, each `merge_call` already answered handing back at once what
+that merge gave the replica, and pause at the one replica 0 waits in; from
+there the run goes on call per replica. What was copied before stays in the
+graph, unused where the calls rebuilt it.
+"""
+import tensorflow as tf
+
+from replicate import errors
+from replicate._compat import tf1
+from replicate.core import logs as logging
+from replicate.strategy import distribute_context
+from replicate.strategy import mirrored_copies
+from replicate.strategy import mirrored_run
+
+# How long the main thread waits for an aborted replica thread to exit before
+# giving up on it (it is a daemon thread, so it cannot keep the process alive).
+_JOIN_TIMEOUT_S = 30.0
+
+ReplicaBuild = mirrored_copies.ReplicaBuild
+_STOPPED_COPYING = object()
+
+
+def call_for_each_replica(strategy, devices, fn, args, kwargs, make_creator,
+                          keep=(), replica_build=ReplicaBuild.CLONE,
+                          mirrored_variables=None):
+  """Builds `fn` for every device; see the module docstring.
+
+  Args:
+    strategy: the `Strategy`.
+    devices: the replica devices (canonical strings), in replica order.
+    fn: the function to replicate.
+    args: a tuple of arguments; distributed leaves are split by replica.
+    kwargs: a dict of keyword arguments, likewise.
+    make_creator: `make_creator(run)` returns the variable creator each
+      replica thread enters (it shares variables through `run.created`).
+    keep: see `mirrored_run.select_replica`.
+    replica_build: a `ReplicaBuild`.
+    mirrored_variables: a callable returning the strategy's mirrored
+      variables (whose reads copies map to their replica's copy).
+
+  Returns:
+    `fn`'s results regrouped (see `mirrored_run.regroup`).
+
+  Raises:
+    ContextError: in eager mode, or if replicas call `merge_call` a
+      different number of times.
+    Any exception `fn` or a merge function raises.
+  """
+  if tf.executing_eagerly():
+    raise errors.ContextError(
+        'call_for_each_replica of a mirrored strategy builds graphs; it was '
+        'called eagerly. Call it inside `with tf.Graph().as_default():`.')
+  graph = tf1.get_default_graph()
+  # Replica threads need their own device, colocation and control-dependency
+  # stacks (TF 2.x graphs have them already).
+  graph.switch_to_thread_local()
+  run = mirrored_run.Run()
+  creator = make_creator(run)
+  replica_args = [(mirrored_run.select_replica(d, args, keep),
+                   mirrored_run.select_replica(d, kwargs, keep))
+                  for d in devices]
+  # Every thread is made now, in the caller's scopes; a copied run starts
+  # only replica 0's.
+  threads = [
+      mirrored_run.ReplicaThread(run, strategy, i, device, fn, a, k, creator)
+      for i, (device, (a, k)) in enumerate(zip(devices, replica_args))]
+  copies = None
+  if replica_build == ReplicaBuild.CLONE and len(devices) > 1:
+    inputs = [mirrored_copies.flat_inputs(a) for a in replica_args]
+    reason = mirrored_copies.reason_not_to_clone(graph, inputs)
+    if reason is not None:
+      mirrored_copies.warn_not_cloned(reason)
+    else:
+      copies = _Copies(strategy, graph, devices, threads, inputs, keep,
+                       mirrored_variables)
+  loop = _Loop(strategy, devices, threads, keep)
+  try:
+    # Entering the caller's variable scope here restores it on exit, after
+    # replica threads have set the graph-wide scope to theirs.
+    with tf1.variable_scope(tf1.get_variable_scope(),
+                            auxiliary_name_scope=False):
+      if copies is None:
+        loop.start(threads)
+        results = loop.drive()
+      else:
+        loop.start(threads[:1])
+        results = copies.drive(loop)
+        if results is _STOPPED_COPYING:
+          # Replica 0 waits where the others now are.
+          results = loop.drive(resume=False)
+    loop.finished = True
+    return results
+  finally:
+    loop.stop(run)
+
+
+class _Loop(object):
+  """Drives the started replica threads, one at a time, between merges."""
+
+  def __init__(self, strategy, devices, threads, keep):
+    self.strategy = strategy
+    self.devices = devices
+    self.threads = threads
+    self.keep = keep
+    self.started = []
+    self.finished = False
+
+  def start(self, threads):
+    for t in threads:
+      t.start()
+      self.started.append(t)
+
+  def step(self, threads=None):
+    """Lets each started thread run to its next pause; raises its error."""
+    for t in threads or self.started:
+      t.should_run.set()
+      t.has_paused.wait()
+      t.has_paused.clear()
+      if t.exc_info is not None:
+        raise t.exc_info[1].with_traceback(t.exc_info[2])
+
+  def drive(self, resume=True):
+    """The per-replica loop, every thread started; returns the results."""
+    threads = self.threads
+    while True:
+      if resume:
+        self.step()
+      resume = True
+      if all(t.done for t in threads):
+        break
+      if any(t.done for t in threads):
+        raise errors.ContextError(
+            'Replicas called merge_call a different number of times ({}); '
+            'every replica must reach the same merge_calls in the same '
+            'order. Avoid merge_call under replica-dependent Python '
+            'conditions.'.format(', '.join(
+                'replica {}: {}'.format(t.replica_id, t.merge_calls)
+                for t in threads)))
+      result = self.merge(threads[0], [t.merge_args for t in threads],
+                          [t.merge_kwargs for t in threads],
+                          [t.captured_control_deps for t in threads])
+      for device, t in zip(self.devices, threads):
+        t.merge_result = mirrored_run.select_replica(device, result,
+                                                     self.keep)
+    return mirrored_run.regroup(self.devices, [t.result for t in threads])
+
+  def merge(self, first, merge_args, merge_kwargs, control_deps):
+    """Runs `first`'s merge function once on every replica's arguments."""
+    merge_args = mirrored_run.regroup(self.devices, merge_args)
+    merge_kwargs = mirrored_run.regroup(self.devices, merge_kwargs)
+    graph = first.graph
+    # What the merge function builds runs after every replica's open control
+    # dependencies (e.g. an update inside `tf.control_dependencies([op])` in
+    # a replica waits for each replica's `op`), as in TF.
+    deps = set()
+    for replica_deps in control_deps:
+      deps.update(replica_deps)
+    with graph.name_scope(first.captured_name_scope), \
+        tf1.variable_scope(first.captured_var_scope,
+                           auxiliary_name_scope=False), \
+        graph.control_dependencies(sorted(deps, key=_op_name)), \
+        distribute_context.push_cross_replica(self.strategy):
+      return first.merge_fn(self.strategy, *merge_args, **merge_kwargs)
+
+  def stop(self, run):
+    if not self.finished:
+      run.aborted = True
+    for t in self.started:
+      t.should_run.set()
+    for t in self.started:
+      t.join(_JOIN_TIMEOUT_S)
+      if t.is_alive():
+        logging.warning(
+            'Replica thread %s did not stop within %.0f s after the run was '
+            'aborted; it is left running as a daemon thread.', t.name,
+            _JOIN_TIMEOUT_S)
+
+
+def _op_name(op):
+  return op.name
+
+
+class _Copies(object):
+  """Replicas 1..N-1 as copies of replica 0 (mirrored_copies.py)."""
+
+  def __init__(self, strategy, graph, devices, threads, inputs, keep,
+               mirrored_variables):
+    self.graph = graph
+    self.devices = devices
+    self.threads = threads
+    self.keep = keep
+    self.mirrored_variables = mirrored_variables or (lambda: ())
+    # Replica 0's tensors and the others' in their place (same leaves where
+    # shared).
+    pairs = [[(a, b) for a, b in zip(inputs[0], replica)
+              if a is not b and isinstance(a, (tf.Tensor, tf.Operation))]
+             for replica in inputs[1:]]
+    replica_inputs = [[a for a, _ in pairs[0]] if pairs else []]
+    replica_inputs += [[b for _, b in replica] for replica in pairs]
+    self.copier = mirrored_copies.ReplicaCopier(
+        graph, devices, len(graph.get_operations()), replica_inputs)
+    self.merge_ops = set()
+    self.reason = None
+    # For each replica, what each merge so far handed it.
+    self.shares = [[] for _ in devices]
+    self.first_update = len(graph.get_collection(tf1.GraphKeys.UPDATE_OPS))
+
+  def drive(self, loop):
+    """Runs replica 0 and copies it; the results, or `_STOPPED_COPYING`."""
+    first = self.threads[0]
+    while True:
+      loop.step()
+      reason = self.reason
+      if reason is None and first.asked_replica_id:
+        reason = ('the replica function asked which replica it builds '
+                  '(replica_id_in_sync_group or devices)')
+      if reason is not None:
+        mirrored_copies.warn_not_cloned(reason)
+        self._call_the_others(loop)
+        return _STOPPED_COPYING
+      self.copier.map_mirrored(self.mirrored_variables())
+      if first.done:
+        return self._results()
+      self._merge(loop, first)
+
+  def _call_the_others(self, loop):
+    """Starts replicas 1..N-1, each catching up with replica 0's merges."""
+    others = self.threads[1:]
+    for t, shares in zip(others, self.shares[1:]):
+      t.replay = list(shares)
+    loop.start(others)
+    loop.step(others)
+
+  def _merge(self, loop, first):
+    copier = self.copier
+    copier.clone(mirrored_copies.tensors_of(
+        (first.merge_args, first.merge_kwargs)) +
+                 sorted(first.captured_control_deps, key=_op_name))
+    count = len(self.devices)
+    merge_args = [first.merge_args] + [
+        mirrored_copies.copy_of(copier, i, first.merge_args)
+        for i in range(1, count)]
+    merge_kwargs = [first.merge_kwargs] + [
+        mirrored_copies.copy_of(copier, i, first.merge_kwargs)
+        for i in range(1, count)]
+    deps = [first.captured_control_deps] + [
+        set(copier.get(i, op) for op in first.captured_control_deps)
+        for i in range(1, count)]
+    before = len(self.graph.get_operations())
+    result = loop.merge(first, merge_args, merge_kwargs, deps)
+    made = self.graph.get_operations()[before:]
+    copier.share(made)
+    self.merge_ops.update(made)
+    shares = [mirrored_run.select_replica(d, result, self.keep)
+              for d in self.devices]
+    for i in range(1, count):
+      reason = mirrored_copies.map_shares(copier, i, shares[0], shares[i])
+      if reason is not None and self.reason is None:
+        self.reason = reason
+    for i, share in enumerate(shares):
+      self.shares[i].append(share)
+    first.merge_result = shares[0]
+
+  def _results(self):
+    """Every replica's results: replica 0's, and their copies."""
+    first = self.threads[0]
+    copier = self.copier
+    updates = [u for u in self.graph.get_collection(
+        tf1.GraphKeys.UPDATE_OPS)[self.first_update:]
+               if _op_of(u) not in self.merge_ops]
+    copier.clone(mirrored_copies.tensors_of((first.result, updates)))
+    results = [first.result]
+    for i in range(1, len(self.devices)):
+      results.append(mirrored_copies.copy_of(copier, i, first.result))
+      # Each replica's own updates (e.g. batch normalization's moving
+      # statistics), as its own call would have added them.
+      for update in updates:
+        copy = mirrored_copies.copy_of(copier, i, update)
+        if copy is not update:
+          self.graph.add_to_collection(tf1.GraphKeys.UPDATE_OPS, copy)
+    return mirrored_run.regroup(self.devices, results)
+
+
+def _op_of(item):
+  return item if isinstance(item, tf.Operation) else getattr(item, 'op', None)

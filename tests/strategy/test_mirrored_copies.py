@@ -1,0 +1,225 @@
+"""ReplicaBuild.CLONE: MirroredStrategy replicas 1..3 as copies of replica 0
+(strategy/mirrored_copies.py, strategy/replica_loop.py)."""
+from unittest import mock
+
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+
+import replicate
+from replicate import errors
+from replicate import testing
+from replicate._compat import tf1
+from replicate.core import logs
+from replicate.cross_tower import values
+from replicate.strategy.mirrored_copies import ReplicaBuild
+
+NUM = 4
+DEVICES = testing.virtual_cpu_devices(NUM)
+CONFIG = testing.virtual_cpu_config(NUM)
+GLOBAL = 8  # rows per step; 2 per replica
+STEPS = 3
+CLONE = ReplicaBuild.CLONE
+PER_REPLICA = ReplicaBuild.CALL_PER_REPLICA
+# Every row distinct (replica i reads rows 2i, 2i+1 of each batch), and so
+# is every initial weight: a copy reading another replica's rows or another
+# layer's variable changes the numbers.
+_ROWS = np.random.RandomState(1).uniform(-1, 1, (GLOBAL * STEPS, 4)).astype(
+    np.float32)
+_LABELS = np.sin(_ROWS.sum(axis=1, keepdims=True) * 3.0).astype(np.float32)
+_INITIAL = [np.random.RandomState(10 + i).uniform(-0.8, 0.8, (4, 4)).astype(
+    np.float32) for i in range(3)]
+
+
+def _optimizer(name):
+  if name == 'sgd':
+    return tf1.train.GradientDescentOptimizer(0.1)
+  return tf1.train.MomentumOptimizer(0.1, 0.9)
+
+
+def _model(features):
+  """Three tanh layers with [4, 4] kernels, then a sum: predictions [n, 1]."""
+  h = features
+  for i, initial in enumerate(_INITIAL):
+    w = tf1.get_variable('w{}'.format(i), initializer=initial)
+    h = tf.tanh(tf.matmul(h, w))
+  return tf.reduce_sum(h, axis=1, keepdims=True)
+
+
+def _step_fn(kind, optimizer_name, replicas):
+  """The step of each kind; its loss is scaled to the global batch."""
+
+  def step(inputs):
+    features, labels = inputs
+    context = replicate.get_replica_context()
+    if kind == 'id_first':
+      # Asked before any merge_call: every replica is called.
+      features = features * (1.0 + 0.0 * context.replica_id_in_sync_group)
+    total = tf.constant(0.0)
+    if kind == 'two_merges':
+      # First merge: every replica gets the sum of all features.
+      total = context.all_reduce(replicate.ReduceOp.SUM,
+                                 tf.reduce_sum(features))
+    loss = tf.reduce_sum(tf.square(_model(features) - labels)) / GLOBAL
+    with tf1.variable_scope('', reuse=True):
+      w0 = tf1.get_variable('w0')
+    # A term through the first merge's result: the penalty weighs sum(w0^2)
+    # by the batch's feature total, split over replicas so that they add up.
+    loss += 1e-3 * total * tf.reduce_sum(tf.square(w0)) / replicas
+    optimizer = _optimizer(optimizer_name)
+    if replicas > 1:
+      optimizer = replicate.TowerOptimizer(optimizer)
+    train_op = optimizer.minimize(loss)  # A merge_call in the middle.
+    with tf.control_dependencies([train_op]):
+      # After the merge: this replica's copy of w0, updated.
+      after = tf.reduce_sum(tf.identity(w0))
+    outputs = {'loss': loss, 'after': after, 'total': total}
+    if kind == 'id_late':
+      # Asked after the first merge_call.
+      outputs['scaled'] = loss * float(context.replica_id_in_sync_group + 1)
+    return train_op, outputs
+
+  return step
+
+
+def _train(build, kind='plain', optimizer_name='sgd'):
+  """Per step: each replica's outputs; then the weights and op count."""
+  with tf.Graph().as_default() as graph:
+    dataset = tf.data.Dataset.from_tensor_slices(
+        (_ROWS, _LABELS)).batch(GLOBAL, drop_remainder=True)
+    if build is None:  # One device.
+      inputs = tf1.data.make_one_shot_iterator(dataset).get_next()
+      with tf1.device('/cpu:0'):
+        train_op, outputs = _step_fn(kind, optimizer_name, 1)(inputs)
+      outputs = {k: [v] for k, v in outputs.items()}
+      variables = tf1.global_variables()
+    else:
+      strategy = replicate.MirroredStrategy(DEVICES, replica_build=build)
+      with strategy.scope():
+        inputs = strategy.experimental_distribute_dataset(
+            dataset).make_one_shot_iterator().get_next()
+        train_op, outputs = strategy.run(
+            _step_fn(kind, optimizer_name, NUM), args=(inputs,))
+        train_op = strategy.group(train_op)
+        outputs = {k: list(strategy.experimental_local_results(v))
+                   for k, v in outputs.items()}
+      variables = tf1.global_variables()
+    ops = len(graph.get_operations())
+    with tf1.Session(config=CONFIG) as sess:
+      sess.run(tf1.global_variables_initializer())
+      steps = [sess.run([train_op, outputs])[1] for _ in range(STEPS)]
+      weights = {v.name: sess.run(v) for v in variables
+                 if v.name in ('w0:0', 'w1:0', 'w2:0')}
+  return steps, weights, ops
+
+
+class ReplicaCopiesTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.product(kind=['plain', 'two_merges'],
+                         optimizer_name=['sgd', 'momentum'])
+  def test_copies_equal_calls_and_one_device(self, kind, optimizer_name):
+    with mock.patch.object(logs, 'log_first_n') as log:
+      cloned, cloned_weights, cloned_ops = _train(CLONE, kind, optimizer_name)
+    log.assert_not_called()
+    called, called_weights, called_ops = _train(PER_REPLICA, kind,
+                                                optimizer_name)
+    single, single_weights, _ = _train(None, kind, optimizer_name)
+    self.assertEqual(sorted(single_weights), sorted(cloned_weights))
+    for name, value in single_weights.items():
+      self.assertAllClose(value, cloned_weights[name], rtol=1e-5, atol=1e-6)
+      self.assertAllClose(called_weights[name], cloned_weights[name],
+                          rtol=1e-6, atol=1e-7)
+      self.assertGreater(np.abs(value - _INITIAL[int(name[1])]).max(), 1e-3)
+    for step in range(STEPS):
+      for key in ('loss', 'after', 'total'):
+        self.assertAllClose(called[step][key], cloned[step][key], rtol=1e-6)
+      # The replicas' losses add up to the one device's; each replica reads
+      # the updated w0 and (two merges) the batch's whole feature sum.
+      self.assertAllClose(single[step]['loss'][0],
+                          sum(cloned[step]['loss']), rtol=1e-5)
+      self.assertAllClose(single[step]['after'] * NUM,
+                          cloned[step]['after'], rtol=1e-5)
+      self.assertAllClose(single[step]['total'] * NUM,
+                          cloned[step]['total'], rtol=1e-5)
+      # Distinct rows: the replicas' losses differ.
+      self.assertGreater(np.ptp(cloned[step]['loss']), 1e-4)
+    # The copies are about as many ops as the calls build (a few fewer: a
+    # call builds some ops no result needs, which are not copied).
+    self.assertBetween(cloned_ops, 0.8 * called_ops, 1.02 * called_ops)
+
+  @parameterized.parameters('id_first', 'id_late')
+  def test_asking_the_replica_id_falls_back_to_calls(self, kind):
+    with mock.patch.object(logs, 'log_first_n') as log:
+      cloned, cloned_weights, _ = _train(CLONE, kind, 'momentum')
+    self.assertEqual(1, log.call_count)
+    self.assertIn('asked which replica it builds', log.call_args[0][-1])
+    called, called_weights, _ = _train(PER_REPLICA, kind, 'momentum')
+    _, single_weights, _ = _train(None, kind, 'momentum')
+    for name, value in called_weights.items():
+      self.assertAllClose(value, cloned_weights[name], rtol=1e-6)
+      self.assertAllClose(single_weights[name], cloned_weights[name],
+                          rtol=1e-5, atol=1e-6)
+    for step in range(STEPS):
+      self.assertAllClose(called[step]['loss'], cloned[step]['loss'])
+      if kind == 'id_late':
+        # Replica i's loss times i + 1.
+        self.assertAllClose(
+            [loss * (i + 1) for i, loss in enumerate(called[step]['loss'])],
+            cloned[step]['scaled'])
+
+  def test_merge_handing_out_python_values_falls_back(self):
+    # The merge hands replica i the Python number i + 1; the function
+    # scales its value by it after the merge. Copies cannot follow: replica
+    # i must be called. Expected: replica i returns 10 * (i + 1).
+    def fn():
+      def merge_fn(strategy):
+        del strategy
+        return values.PerReplica({d: i + 1 for i, d in enumerate(DEVICES)})
+      factor = replicate.get_replica_context().merge_call(merge_fn)
+      return tf.constant(10.0) * factor
+
+    got = {}
+    for build in (CLONE, PER_REPLICA):
+      with tf.Graph().as_default():
+        strategy = replicate.MirroredStrategy(DEVICES, replica_build=build)
+        with mock.patch.object(logs, 'log_first_n') as log:
+          result = strategy.run(fn)
+        with tf1.Session(config=CONFIG) as sess:
+          got[build] = sess.run(list(
+              strategy.experimental_local_results(result)))
+      self.assertEqual(1 if build == CLONE else 0, log.call_count)
+    self.assertAllClose([10., 20., 30., 40.], got[CLONE])
+    self.assertAllClose(got[PER_REPLICA], got[CLONE])
+
+  def test_copies_are_named_and_placed_per_replica(self):
+    with tf.Graph().as_default() as graph:
+      strategy = replicate.MirroredStrategy(DEVICES)
+      with strategy.scope():
+        w = tf1.get_variable('w', initializer=[[1.0, 2.0]])
+
+        def fn(x):
+          return tf.reduce_sum(w * x)
+        x = values.PerReplica({d: tf.constant([[float(i)]])
+                               for i, d in enumerate(DEVICES)})
+        result = strategy.run(fn, args=(x,))
+      copies = [op for op in graph.get_operations()
+                if op.name.startswith('replica_3/')]
+      self.assertTrue(copies)
+      # (A resource read may have none: TF places it by its variable's.)
+      self.assertEqual({'/device:CPU:3'}, set(
+          op.device[op.device.index('/device:'):] for op in copies
+          if op.device))
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run(tf1.global_variables_initializer())
+        # Replica i: sum([1, 2] * i) = 3i, from its own copy of w.
+        self.assertAllClose([0., 3., 6., 9.], sess.run(list(
+            strategy.experimental_local_results(result))))
+
+  def test_replica_build_must_be_the_enum(self):
+    with self.assertRaisesRegex(errors.InvalidTypeError,
+                                'replica_build must be a ReplicaBuild'):
+      replicate.MirroredStrategy(DEVICES, replica_build='clone')
+
+
+if __name__ == '__main__':
+  tf.test.main()
