@@ -66,7 +66,7 @@ import bench_util
 GLOBAL_BATCH = 256
 CONFIGS = ('single', 'replicate', 'contrib', 'replicate@build=per_tower',
            'replicate@pack=0', 'replicate@fuse=off', 'replicate@copy=concat',
-           'replicate@compress=fp16',
+           'replicate@compress=fp16', 'replicate@placement=replicated',
            'tf_mirrored', 'replicate_mirrored', 'replicate_mirrored@fuse=off',
            'replicate_mirrored@matmul=tf', 'tf_mirrored_loop', 'independent')
 MODELS = ('wide', 'deep')
@@ -97,6 +97,8 @@ CONFIG_LABELS = {
                              "TF's ConcatV2 (A/B)",
     'replicate@compress=fp16': 'replicate.replicate_model_fn, fp16 gradient '
                                'compression',
+    'replicate@placement=replicated': 'replicate.replicate_model_fn, '
+                                      'VariablePlacement.REPLICATED',
     'independent': '4 independent models, one per device, no gradient '
                    'exchange (reference)',
 }
@@ -348,6 +350,13 @@ def _wrapper_and_fn(tf, config, model, timings):
       raise NotApplicable('replicate.Compression is not in this tree')
     wrapper = functools.partial(replicate.TowerOptimizer,
                                 compression=replicate.Compression.fp16)
+    config = 'replicate'
+  elif config == 'replicate@placement=replicated':
+    # A copy of the variables per tower, gradients all-reduced.
+    if not hasattr(getattr(replicate, 'VariablePlacement', None),
+                   'REPLICATED'):
+      raise NotApplicable('VariablePlacement.REPLICATED is not in this tree')
+    kwargs['variable_placement'] = replicate.VariablePlacement.REPLICATED
     config = 'replicate'
   elif config == 'replicate@build=per_tower':
     # Experiment: every tower built by its own model_fn call.
