@@ -106,19 +106,23 @@ def pack_chunks(sizes, max_count, small_bytes, max_bytes=None):
   return packs
 
 
-def one_thread_pack_bytes(sources, devices=()):
+def one_thread_pack_bytes(sources, devices=(), max_sources=None):
   """The size below which a pack is copied and summed by one thread.
 
   On CPU devices TF's `ConcatV2` and `AddN` kernels hand larger copies and
   sums to helper threads of the intra-op pool; between towers that keep
   every core busy that hand-off only adds waits and preemptions
   (docs/performance.md). The cost of a sum grows with its inputs, so this is
-  `Tuning.one_thread_bytes` for up to 4 sources and proportionally less
-  beyond.
+  `Tuning.one_thread_bytes` for sums of up to 4 inputs and proportionally
+  less beyond. With `max_sources`, a pack is sized for a sum of at most that
+  many sources whatever their number: its size, hence the number of packs,
+  stays fixed as towers grow (else each tower concatenates ever more, ever
+  smaller packs: N towers make O(N^2) concatenations).
 
   Args:
     sources: the devices whose packs are summed (one input each).
     devices: other devices of the pack (where it is summed or split).
+    max_sources: None (sized for the sum over every source), or an int >= 1.
 
   Returns:
     An int, or None (no limit) unless every device is a CPU.
@@ -126,8 +130,9 @@ def one_thread_pack_bytes(sources, devices=()):
   if not sources or not all(
       device_util.is_cpu(device) for device in list(sources) + list(devices)):
     return None
-  return (tuning_lib.get_tuning().one_thread_bytes * min(4, len(sources)) //
-          len(sources))
+  inputs = len(sources) if max_sources is None else min(max_sources,
+                                                        len(sources))
+  return tuning_lib.get_tuning().one_thread_bytes * min(4, inputs) // inputs
 
 
 def concat_rows(tensors, device, name='packed'):

@@ -28,6 +28,9 @@ _FIELDS = collections.OrderedDict([
     ('fuse_min_bytes', 256 * 1024),
     # On CPUs, copies and sums below this many bytes stay on one thread.
     ('one_thread_bytes', 200 * 1024),
+    # On CPUs, gradient packs are sized for a sum of this many towers, so
+    # their number does not grow with more (None: sized for every tower).
+    ('pack_size_sources', 4),
     # Packs on CPU devices are copied by one thread (a DynamicStitch).
     ('stitch_on_cpus', True),
     # CPU towers build the input gradient of a MatMul whose weight has at
@@ -51,6 +54,11 @@ class Tuning(collections.namedtuple('Tuning', list(_FIELDS))):
       as one product (None: never fused).
     one_thread_bytes: on CPUs, packs are kept below this size so that one
       thread copies and sums them.
+    pack_size_sources: on CPUs, gradient packs are sized so that a sum of
+      this many towers' packs stays on one thread; with more towers packs
+      keep that size, so their number stays fixed. None: sized for the sum
+      over every tower (packs shrink and multiply as towers grow: O(N^2)
+      concatenations for N towers).
     stitch_on_cpus: whether large packs on CPUs are copied by one thread.
     matmul_min_elements: smallest MatMul weight whose input gradient CPU
       towers build transpose-free (None: never).
@@ -80,7 +88,7 @@ class Tuning(collections.namedtuple('Tuning', list(_FIELDS))):
     return Tuning(**dict(self._asdict(), **kwargs))
 
 
-_NULLABLE = ('fuse_min_bytes', 'matmul_min_elements')
+_NULLABLE = ('fuse_min_bytes', 'matmul_min_elements', 'pack_size_sources')
 
 
 def _check_field(name, value):
@@ -95,7 +103,7 @@ def _check_field(name, value):
     raise errors.InvalidTypeError(
         'Tuning.{} must be an int{}, got {!r}.'.format(
             name, ' or None' if name in _NULLABLE else '', value))
-  minimum = 1 if name == 'pack_max_group' else 0
+  minimum = {'pack_max_group': 1, 'pack_size_sources': 1}.get(name, 0)
   if value < minimum:
     raise errors.InvalidArgumentError(
         'Tuning.{} must be at least {}, got {}.'.format(name, minimum, value))

@@ -2,7 +2,8 @@
 
 Each variable's gradients are summed on the variable's device. Small dense
 gradients are summed in packs (one concat per tower, one `add_n`, one split;
-the same element-wise order as a per-variable `add_n`). Large `MatMul`
+the same element-wise order as a per-variable `add_n`; on CPUs packs keep
+one size whatever the number of towers). Large `MatMul`
 weight gradients of CPU towers of one task are fused: the sum over towers
 of `X_i^T . dY_i` is computed as one product `concat(X_i)^T . concat(dY_i)`,
 equal within float rounding; other devices always sum, since a product on
@@ -34,8 +35,9 @@ def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None,
       (grouped by variable device, dtype and shape after dimension 0, at
       most `Tuning.pack_max_group` variables per pack unless the pack stays
       within `Tuning.pack_small_bytes`, and on CPU devices below
-      `packing.one_thread_pack_bytes`) and summed with one `add_n` per
-      pack; 0 disables packing; None means `Tuning.pack_max_bytes`.
+      `packing.one_thread_pack_bytes` for `Tuning.pack_size_sources`
+      towers) and summed with one `add_n` per pack; 0 disables packing;
+      None means `Tuning.pack_max_bytes`.
     raw_gradients: optional dict from gradient tensor names (as given in
       `tower_grads_and_vars`) to the `gradient_gating.RawGradient` they gate.
       A variable whose tower gradients all map to `MatMul` outputs of at
@@ -81,10 +83,13 @@ def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None,
       groups.setdefault(group, []).append(key)
   for (device, _, _), group_keys in groups.items():
     towers = [grad.device for grad in grads_by_var[group_keys[0]]]
+    # On CPUs, packs of a fixed size: their number does not grow with the
+    # towers (one_thread_pack_bytes).
+    max_bytes = packing.one_thread_pack_bytes(towers, [device],
+                                              tuning.pack_size_sources)
     chunks = packing.pack_chunks(
         [packing.num_bytes(grads_by_var[key][0]) for key in group_keys],
-        tuning.pack_max_group, tuning.pack_small_bytes,
-        packing.one_thread_pack_bytes(towers, [device]))
+        tuning.pack_max_group, tuning.pack_small_bytes, max_bytes)
     for chunk in chunks:
       keys = [group_keys[index] for index in chunk]
       if len(keys) == 1:

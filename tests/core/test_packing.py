@@ -187,6 +187,21 @@ class OneThreadPackBytesTest(parameterized.TestCase, tf.test.TestCase):
   def test_cap(self, sources, devices, want):
     self.assertEqual(want, packing.one_thread_pack_bytes(sources, devices))
 
+  @parameterized.named_parameters(
+      # Sized for at most 4 sources: 200 KB for 8 or 16 towers alike.
+      ('eight_cpus', 8, 4, 204800),
+      ('sixteen_cpus', 16, 4, 204800),
+      # Sized for 8 of 16 sources: half.
+      ('eight_of_sixteen', 16, 8, 102400),
+      ('fewer_sources', 2, 8, 204800),
+  )
+  def test_max_sources_fixes_the_size(self, num_sources, max_sources, want):
+    sources = ['/cpu:%d' % i for i in range(num_sources)]
+    self.assertEqual(want, packing.one_thread_pack_bytes(
+        sources, ['/cpu:0'], max_sources=max_sources))
+    self.assertIsNone(packing.one_thread_pack_bytes(
+        sources, ['/gpu:0'], max_sources=max_sources))
+
 
 class ConcatRowsTest(parameterized.TestCase, tf.test.TestCase):
   """packing.concat_rows: tf.concat along dimension 0, one thread on CPUs."""

@@ -13,10 +13,11 @@ from replicate.gradients import gradient_aggregation
 _DEVICES = replicate.testing.virtual_cpu_devices(4)
 
 
-def _tower_grads(shapes, num_towers, seed=0, dtype=np.float32):
+def _tower_grads(shapes, num_towers, seed=0, dtype=np.float32,
+                 devices=_DEVICES):
   """Per-tower (grad, var) lists; tower t's grads live on /device:CPU:t."""
   rng = np.random.RandomState(seed)
-  with tf1.device(_DEVICES[0]):
+  with tf1.device(devices[0]):
     variables = [tf1.get_variable('v{}'.format(i), shape=s, dtype=dtype,
                                   initializer=tf1.zeros_initializer())
                  for i, s in enumerate(shapes)]
@@ -24,7 +25,7 @@ def _tower_grads(shapes, num_towers, seed=0, dtype=np.float32):
             for _ in range(num_towers)]
   tower_grads = []
   for t in range(num_towers):
-    with tf1.device(_DEVICES[t]):
+    with tf1.device(devices[t]):
       # Reads of variables, not constants: Grappler would fold constant
       # inputs at graph-optimization time, summing them with other kernels.
       tower_grads.append([
@@ -165,6 +166,67 @@ class PackedSumTest(tf.test.TestCase, parameterized.TestCase):
     self.assertAllEqual(got['emb'].values, [[1.0, 1.0], [2.0, 2.0]])
     # A gradient from one tower only is passed through unchanged.
     self.assertAllEqual(got['only_tower0'], np.ones([4, 2]))
+
+
+class PackScalingTest(tf.test.TestCase, parameterized.TestCase):
+  """On CPUs, packs keep one size: their number does not grow with towers."""
+
+  def _ops_by_type(self, num_towers, knobs, shapes):
+    graph = tf.Graph()
+    devices = replicate.testing.virtual_cpu_devices(num_towers)
+    with graph.as_default(), tuning.tuning_scope(knobs):
+      tower_grads, _, _ = _tower_grads(shapes, num_towers, devices=devices)
+      start = len(graph.get_operations())
+      gradient_aggregation.sum_gradients_by_variable(tower_grads)
+      return collections.Counter(
+          op.type for op in graph.get_operations()[start:])
+
+  def test_concatenations_grow_as_towers_not_their_square(self):
+    # 40 kernels of 64 x 64 floats (16 KB each, 640 KB) and 40 biases. Packs
+    # below 200 KB (Tuning.one_thread_bytes) whatever the tower count: 12 +
+    # 12 + 12 + 4 kernels and one pack of the 40 biases (10 KB), so 5 packs:
+    # 5 concatenations a tower, 5 sums and 5 splits.
+    shapes = [(64, 64), (64,)] * 40
+    for num_towers in (2, 4, 8):
+      ops = self._ops_by_type(num_towers, tuning.Tuning(), shapes)
+      self.assertEqual(5 * num_towers,
+                       ops['ConcatV2'] + ops['DynamicStitch'], num_towers)
+      self.assertEqual(5, ops['SplitV'], num_towers)
+      self.assertEqual(5, ops['AddN'], num_towers)
+    # Packs sized for a one-thread sum over every tower (pack_size_sources
+    # None, the layout before): at 8 towers below 100 KB, so 6 kernels a
+    # pack: 7 packs of kernels and the biases', 8 concatenations a tower.
+    # The count above would catch that.
+    ops = self._ops_by_type(8, tuning.Tuning(pack_size_sources=None), shapes)
+    self.assertEqual(8 * 8, ops['ConcatV2'] + ops['DynamicStitch'])
+    self.assertEqual(8, ops['SplitV'])
+
+  @parameterized.named_parameters(('five', 5), ('eight', 8))
+  def test_many_towers_sum_bit_identical_to_one_add_n(self, num_towers):
+    # 24 kernels of 64 x 64 (two packs of 12: 192 KB each) and their biases.
+    shapes = [(64, 64), (64,)] * 24
+    devices = replicate.testing.virtual_cpu_devices(num_towers)
+    with tf.Graph().as_default():
+      tower_grads, values, _ = _tower_grads(shapes, num_towers, seed=3,
+                                            devices=devices)
+      packed = gradient_aggregation.sum_gradients_by_variable(tower_grads)
+      plain = gradient_aggregation.sum_gradients_by_variable(
+          tower_grads, pack_max_bytes=0)
+      self.assertEqual(3, len({g.op.name for g, _ in packed}))
+      config = replicate.testing.virtual_cpu_config(num_towers)
+      rewrite = config.graph_options.rewrite_options
+      rewrite.arithmetic_optimization = rewrite.OFF
+      with tf1.Session(config=config) as sess:
+        sess.run(tf1.global_variables_initializer())
+        got_packed, got_plain = sess.run(
+            ([g for g, _ in packed], [g for g, _ in plain]))
+    for i in range(len(shapes)):
+      # One device's order, ((t0 + t1) + t2) + ..., in float32: bit for bit.
+      ordered = values[0][i]
+      for t in range(1, num_towers):
+        ordered = ordered + values[t][i]
+      self.assertAllEqual(ordered, got_packed[i])
+      self.assertAllEqual(ordered, got_plain[i])
 
 
 if __name__ == '__main__':
