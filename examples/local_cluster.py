@@ -2,23 +2,31 @@
 
 Run:
 
-    python examples/local_cluster.py [--steps 20] [--out_dir /tmp/local_cluster]
+    python examples/local_cluster.py [--mode ps|allreduce] [--steps 20]
+        [--out_dir /tmp/local_cluster]
 
-The script starts a cluster on 127.0.0.1 as three separate processes (free
-ports found by binding port 0):
+The script starts a cluster on 127.0.0.1 as separate processes (free ports
+found by binding port 0). `chief` and `worker` are two training tasks, each
+with two virtual CPUs and a `replicate_model_fn` tower on each, trained by
+`tf.estimator` reading `TF_CONFIG`, exactly as on real machines. Every step
+applies the gradients of both workers (4 towers in all):
 
-* `ps`: a parameter server holding the variables;
-* `chief` and `worker`: two training tasks, each with two virtual CPUs and a
-  `replicate_model_fn` tower on each, trained by `tf.estimator` reading
-  `TF_CONFIG`, exactly as on real machines. `TowerOptimizer` wraps a
-  `SyncReplicasOptimizer`, so every step applies the gradients of both
-  workers (4 towers in all) once.
+* `--mode ps` (default): a third process, `ps`, holds the variables;
+  `TowerOptimizer` wraps a `SyncReplicasOptimizer`, which applies the
+  workers' averaged gradients once a step.
+* `--mode allreduce`: no ps. `variable_placement=REPLICATED`: each task
+  keeps its own copy of the variables (initialized from the chief's) and
+  the towers of both tasks all-reduce their gradients with TF collective
+  ops (`replicate.multi_worker.all_reduce_run_config` and
+  `all_reduce_server` give each task the config that needs).
 
-Each training task writes the variables it reads from the ps at the end to
-`<out_dir>/<task>.json`; the parent process compares them and prints whether
-all workers ended with the same variables (exit status 1 if not). Every
-child process is bounded by `--timeout_secs`, and the parent kills its
-children when it exits, whatever the reason.
+Each training task writes the variables it ends with to
+`<out_dir>/<task>.json`; a last process trains the same model in one process
+on the two workers' batches together (`reference.json`). The parent compares
+them and prints whether all workers ended with the same variables, equal to
+the one-process training (exit status 1 if not). Every child process is
+bounded by `--timeout_secs`, and the parent kills its children when it
+exits, whatever the reason.
 
 See docs/multi_worker.md for running the same model on real machines.
 """
@@ -42,6 +50,11 @@ _BATCH_PER_WORKER = 8  # 4 rows per tower.
 _LEARNING_RATE = 0.05
 # Bounds every blocking op and every wait for another task.
 _OPERATION_TIMEOUT_MS = 10000
+# With all-reduce it also bounds each task's first wait for the other (the
+# broadcast of the chief's variables), which covers the other's start-up.
+_ALL_REDUCE_OPERATION_TIMEOUT_MS = 30000
+# The one-process result may differ from the workers' by float rounding.
+_REFERENCE_TOLERANCE = 1e-5
 # How long a worker waits for the chief to start and initialize the model
 # (the chief's process imports TensorFlow first).
 _CHIEF_START_SECS = 120
@@ -49,6 +62,10 @@ _CHIEF_START_SECS = 120
 
 def _parse_args():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--mode', choices=('ps', 'allreduce'), default='ps',
+                      help='ps: a parameter server holds the variables; '
+                      'allreduce: no ps, each worker keeps a copy and the '
+                      'gradients are all-reduced')
   parser.add_argument('--steps', type=int, default=20,
                       help='synchronous training steps (global steps) to run')
   parser.add_argument('--out_dir', default='/tmp/replicate_local_cluster',
@@ -58,6 +75,8 @@ def _parse_args():
                       help='the most seconds any task process may run')
   parser.add_argument('--child', action='store_true',
                       help='internal: run the task named by TF_CONFIG')
+  parser.add_argument('--reference', action='store_true',
+                      help='internal: train the model in one process')
   return parser.parse_args()
 
 
@@ -76,15 +95,17 @@ def _free_port():
 
 
 def _run_cluster(args):
-  """Starts ps, chief and worker processes; compares their final variables."""
-  cluster = {'ps': ['127.0.0.1:%d' % _free_port()],
-             'chief': ['127.0.0.1:%d' % _free_port()],
+  """Starts the cluster's processes; compares their final variables."""
+  cluster = {'chief': ['127.0.0.1:%d' % _free_port()],
              'worker': ['127.0.0.1:%d' % _free_port()]}
+  if args.mode == 'ps':
+    cluster['ps'] = ['127.0.0.1:%d' % _free_port()]
+  print('Mode: %s' % args.mode, flush=True)
   print('Cluster: %s' % json.dumps(cluster), flush=True)
   os.makedirs(args.out_dir, exist_ok=True)
   # A checkpoint left by an earlier run would make training start finished.
   shutil.rmtree(os.path.join(args.out_dir, 'model'), ignore_errors=True)
-  for task in ('chief', 'worker'):
+  for task in ('chief', 'worker', 'reference'):
     path = os.path.join(args.out_dir, task + '.json')
     if os.path.exists(path):
       os.remove(path)
@@ -102,14 +123,14 @@ def _run_cluster(args):
   signal.signal(signal.SIGTERM, lambda *unused: sys.exit(1))
 
   deadline = time.time() + args.timeout_secs
-  for job in ('ps', 'chief', 'worker'):
+  command = [sys.executable, os.path.abspath(__file__), '--mode', args.mode,
+             '--steps', str(args.steps), '--out_dir', args.out_dir,
+             '--timeout_secs', str(args.timeout_secs)]
+  for job in sorted(cluster):
     env = dict(os.environ, TF_CONFIG=json.dumps(
         {'cluster': cluster, 'task': {'type': job, 'index': 0}}))
     env.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-    children[job] = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), '--child',
-         '--steps', str(args.steps), '--out_dir', args.out_dir,
-         '--timeout_secs', str(args.timeout_secs)], env=env)
+    children[job] = subprocess.Popen(command + ['--child'], env=env)
 
   try:
     for job in ('chief', 'worker'):
@@ -123,6 +144,19 @@ def _run_cluster(args):
       if code != 0:
         print('FAILED: %s exited with status %d.' % (job, code), flush=True)
         return 1
+    kill_children()  # The ps.
+    env = {k: v for k, v in os.environ.items() if k != 'TF_CONFIG'}
+    env.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+    reference = subprocess.run(command + ['--child', '--reference'], env=env,
+                               timeout=max(1., deadline - time.time()))
+    if reference.returncode != 0:
+      print('FAILED: the one-process reference exited with status %d.' %
+            reference.returncode, flush=True)
+      return 1
+  except subprocess.TimeoutExpired:
+    print('FAILED: the one-process reference did not finish in time.',
+          flush=True)
+    return 1
   finally:
     kill_children()
   return _compare(args.out_dir)
@@ -130,10 +164,11 @@ def _run_cluster(args):
 
 def _compare(out_dir):
   finals = {}
-  for task in ('chief', 'worker'):
+  for task in ('chief', 'worker', 'reference'):
     with open(os.path.join(out_dir, task + '.json')) as f:
       finals[task] = json.load(f)
-  for task, final in sorted(finals.items()):
+  for task in ('chief', 'worker'):
+    final = finals[task]
     print('%-6s: global_step %d after %d local steps; its loss %.4f -> %.4f; '
           'variables on %s' % (
               task, final['global_step'], final['steps'], final['first_loss'],
@@ -147,11 +182,22 @@ def _compare(out_dir):
         name, _head(flat_chief), _head(flat_worker),
         max(abs(a - b) for a, b in zip(flat_chief, flat_worker))
         if len(flat_chief) == len(flat_worker) else float('inf')))
-  if chief == worker:
-    print('All workers end with the same variables.', flush=True)
-    return 0
-  print('FAILED: workers end with different variables.', flush=True)
-  return 1
+  if chief != worker:
+    print('FAILED: workers end with different variables.', flush=True)
+    return 1
+  print('All workers end with the same variables.', flush=True)
+  reference = finals['reference']['variables']
+  worst = max(
+      abs(a - b) / max(1., abs(b))
+      for name in reference
+      for a, b in zip(_flatten(chief.get(name, [])), _flatten(reference[name])))
+  if sorted(chief) != sorted(reference) or worst > _REFERENCE_TOLERANCE:
+    print('FAILED: they differ from one process training on both workers\' '
+          'batches (largest relative difference %g).' % worst, flush=True)
+    return 1
+  print('They equal one process training on both workers\' batches '
+        '(largest relative difference %g).' % worst, flush=True)
+  return 0
 
 
 def _flatten(value):
@@ -174,9 +220,14 @@ def _child(args):
   tf1.logging.set_verbosity(tf1.logging.ERROR)
 
   deadline = time.time() + args.timeout_secs
+  if args.reference:
+    _exit_at(deadline, {'type': 'reference'})
+    return _train_one_process(args, tf, tf1)
   tf_config = json.loads(os.environ['TF_CONFIG'])
   task = tf_config['task']
   _exit_at(deadline, task)
+  if args.mode == 'allreduce':
+    return _train_all_reduce(args, tf, tf1, task, deadline)
   # Servers are started here rather than by tf.estimator.train_and_evaluate,
   # which starts them without the session config's device_count, i.e. with
   # one CPU. (On machines with real GPUs, train_and_evaluate is fine.)
@@ -202,8 +253,13 @@ def _exit_at(deadline, task):
   threading.Thread(target=watchdog, daemon=True).start()
 
 
-def _make_model_fn(tf, tf1, out_path):
-  """A small regression model; the final hook writes what the worker reads."""
+def _make_model_fn(tf, tf1, out_path, mode='ps'):
+  """A small regression model; the final hook writes what the worker reads.
+
+  `mode`: 'ps' or 'allreduce' (replicated over this task's two CPUs), or
+  'reference' (the unreplicated model_fn). Seeded initializers give every
+  mode the same initial values.
+  """
   import replicate  # pylint: disable=g-import-not-at-top
 
   class FinalValuesHook(tf1.train.SessionRunHook):
@@ -234,44 +290,109 @@ def _make_model_fn(tf, tf1, out_path):
         }, f)
 
   def model_fn(features, labels, mode, params, config):
-    hidden = tf1.layers.dense(features, 8, activation=tf.nn.tanh)
-    predictions = tf1.layers.dense(hidden, 1)
+    hidden = tf1.layers.dense(
+        features, 8, activation=tf.nn.tanh,
+        kernel_initializer=tf1.glorot_uniform_initializer(seed=1))
+    predictions = tf1.layers.dense(
+        hidden, 1, kernel_initializer=tf1.glorot_uniform_initializer(seed=2))
     loss = tf1.losses.mean_squared_error(labels, predictions)
-    optimizer = replicate.TowerOptimizer(tf1.train.SyncReplicasOptimizer(
-        tf1.train.GradientDescentOptimizer(_LEARNING_RATE),
-        replicas_to_aggregate=params['num_workers'],
-        total_num_replicas=params['num_workers']))
+    optimizer = tf1.train.GradientDescentOptimizer(_LEARNING_RATE)
+    hooks = []
+    if params['mode'] == 'ps':
+      optimizer = replicate.TowerOptimizer(tf1.train.SyncReplicasOptimizer(
+          optimizer, replicas_to_aggregate=params['num_workers'],
+          total_num_replicas=params['num_workers']))
+      # num_tokens=0: every worker contributes exactly one gradient a step.
+      hooks.append(
+          optimizer.make_session_run_hook(config.is_chief, num_tokens=0))
+    elif params['mode'] == 'allreduce':
+      optimizer = replicate.TowerOptimizer(optimizer)
     train_op = optimizer.minimize(loss, tf1.train.get_global_step())
-    hooks = [
-        # num_tokens=0: every worker contributes exactly one gradient a step.
-        optimizer.make_session_run_hook(config.is_chief, num_tokens=0),
-        FinalValuesHook(loss),
-    ]
+    hooks.append(FinalValuesHook(loss))
     return tf1.estimator.EstimatorSpec(
         mode, loss=loss, train_op=train_op, training_hooks=hooks,
         predictions=predictions)
 
+  if mode == 'reference':
+    return model_fn
   # Towers on this task's two CPUs; variables on the ps (the default in a
-  # cluster with a ps job; PARAMETER_SERVERS makes it a requirement).
+  # cluster with a ps job; PARAMETER_SERVERS makes it a requirement), or a
+  # copy on each task (REPLICATED, in a cluster without a ps job).
   return replicate.replicate_model_fn(
       model_fn,
       devices=['/device:CPU:%d' % i for i in range(_NUM_CPUS)],
-      variable_placement=replicate.VariablePlacement.PARAMETER_SERVERS)
+      variable_placement=(replicate.VariablePlacement.PARAMETER_SERVERS
+                          if mode == 'ps' else
+                          replicate.VariablePlacement.REPLICATED))
+
+
+def _worker_dataset(tf, worker_index, num_workers):
+  """Worker `worker_index`'s shard of a fixed synthetic data set, batched."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  rng = np.random.RandomState(0)
+  x = rng.uniform(-1., 1., size=(256, 4)).astype(np.float32)
+  y = (np.sin(x).sum(axis=1, keepdims=True)).astype(np.float32)
+  dataset = tf.data.Dataset.from_tensor_slices((x, y))
+  dataset = dataset.shard(num_workers, worker_index)
+  return dataset.batch(_BATCH_PER_WORKER, drop_remainder=True).repeat()
 
 
 def _input_fn(tf, worker_index, num_workers):
   """Each worker reads its own shard of a fixed synthetic data set."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
+  return lambda: _worker_dataset(tf, worker_index, num_workers)
+
+
+def _train_one_process(args, tf, tf1):
+  """The reference: one process, every step on both workers' batches."""
 
   def input_fn():
-    rng = np.random.RandomState(0)
-    x = rng.uniform(-1., 1., size=(256, 4)).astype(np.float32)
-    y = (np.sin(x).sum(axis=1, keepdims=True)).astype(np.float32)
-    dataset = tf.data.Dataset.from_tensor_slices((x, y))
-    dataset = dataset.shard(num_workers, worker_index)
-    return dataset.batch(_BATCH_PER_WORKER, drop_remainder=True).repeat()
+    both = tf.data.Dataset.zip((_worker_dataset(tf, 0, 2),
+                                _worker_dataset(tf, 1, 2)))
+    return both.map(lambda a, b: (tf.concat([a[0], b[0]], 0),
+                                  tf.concat([a[1], b[1]], 0)))
 
-  return input_fn
+  model_dir = os.path.join(args.out_dir, 'reference_model')
+  shutil.rmtree(model_dir, ignore_errors=True)
+  estimator = tf1.estimator.Estimator(
+      _make_model_fn(tf, tf1, os.path.join(args.out_dir, 'reference.json'),
+                     mode='reference'),
+      model_dir=model_dir, params={'mode': 'reference', 'num_workers': 1},
+      config=tf1.estimator.RunConfig(log_step_count_steps=None))
+  estimator.train(input_fn, max_steps=args.steps)
+  return 0
+
+
+def _train_all_reduce(args, tf, tf1, task, deadline):
+  """A task of the all-reduce cluster: its server, then Estimator.train."""
+  del deadline  # The session config's operation timeout bounds the waits.
+  import replicate  # pylint: disable=g-import-not-at-top
+  # The collective group leader (the chief), device filters keeping the
+  # session to this task, and the operation timeout; the server gets the
+  # same config (its device_count gives it two CPUs).
+  config = replicate.multi_worker.all_reduce_run_config(
+      tf1.estimator.RunConfig(
+          session_config=tf1.ConfigProto(
+              device_count={'CPU': _NUM_CPUS},
+              operation_timeout_in_ms=_ALL_REDUCE_OPERATION_TIMEOUT_MS),
+          save_checkpoints_steps=None, save_checkpoints_secs=None,
+          log_step_count_steps=None))
+  server = replicate.multi_worker.all_reduce_server(config)
+  print('%s: master %s, no ps, %d training tasks, chief: %s' % (
+      task['type'], config.master, config.num_worker_replicas,
+      config.is_chief), flush=True)
+  estimator = tf1.estimator.Estimator(
+      _make_model_fn(tf, tf1, os.path.join(args.out_dir,
+                                           task['type'] + '.json'),
+                     mode='allreduce'),
+      config=config, model_dir=os.path.join(args.out_dir, 'model'),
+      params={'mode': 'allreduce', 'num_workers': config.num_worker_replicas})
+  worker_index = 0 if config.is_chief else 1 + config.task_id
+  estimator.train(
+      _input_fn(tf, worker_index, config.num_worker_replicas),
+      max_steps=args.steps)
+  del server
+  print('%s: done' % task['type'], flush=True)
+  return 0
 
 
 def _wait_for_chief(tf, tf1, cluster, deadline):
@@ -328,7 +449,7 @@ def _train(args, tf, tf1, server, task, deadline):
   estimator = tf1.estimator.Estimator(
       _make_model_fn(tf, tf1, out_path), config=config,
       model_dir=os.path.join(args.out_dir, 'model'),
-      params={'num_workers': config.num_worker_replicas})
+      params={'mode': 'ps', 'num_workers': config.num_worker_replicas})
   if not config.is_chief:
     _wait_for_chief(tf, tf1, json.loads(os.environ['TF_CONFIG'])['cluster'],
                     min(deadline, time.time() + _CHIEF_START_SECS))

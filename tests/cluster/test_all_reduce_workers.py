@@ -9,6 +9,7 @@
   restarted cluster resumes from them.
 * A lost task ends the other's training with an error naming it, within the
   operation timeout.
+* examples/local_cluster.py --mode allreduce.
 * Misuse, through real Estimators (no servers needed): a `ps` job, a session
   config without the collective group leader or with a wrong one, device
   filters that reach the other tasks; and the config helpers.
@@ -215,6 +216,38 @@ class AllReduceAcrossTasksTest(tf.test.TestCase, parameterized.TestCase):
     # once, then the one-session guard's error naming the task.
     self.assertIn('/job:worker/task:0 at ' + cluster.cluster['worker'][0],
                   cluster.log('chief'))
+
+
+class ExampleTest(tf.test.TestCase):
+  """examples/local_cluster.py --mode allreduce: chief and worker, no ps."""
+
+  def test_example_tasks_end_equal_to_one_process(self):
+    out_dir = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, out_dir, ignore_errors=True)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(_HERE)))
+    env.pop('TF_CONFIG', None)
+    result = subprocess.run(
+        [sys.executable, os.path.join(os.path.dirname(os.path.dirname(_HERE)),
+                                      'examples', 'local_cluster.py'),
+         '--mode', 'allreduce', '--steps', '3', '--out_dir', out_dir,
+         '--timeout_secs', str(_CHILD_SECS)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        timeout=_WAIT_SECS, check=False)
+    output = result.stdout.decode('utf-8', 'replace')
+    self.assertEqual(0, result.returncode, output[-3000:])
+    finals = {}
+    for task in ('chief', 'worker'):
+      with open(os.path.join(out_dir, task + '.json')) as f:
+        finals[task] = json.load(f)
+      self.assertEqual(3, finals[task]['global_step'])
+      self.assertEqual(3, finals[task]['steps'])
+    # Each task's variables live on its own task.
+    self.assertEqual(['/job:worker/task:0/device:CPU:0'],
+                     sorted(set(finals['worker']['devices'].values())))
+    self.assertEqual(finals['chief']['variables'],
+                     finals['worker']['variables'])
+    self.assertIn('All workers end with the same variables', output)
+    self.assertIn('They equal one process training on both workers', output)
 
 
 class MisuseTest(tf.test.TestCase):
