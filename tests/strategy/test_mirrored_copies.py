@@ -191,6 +191,37 @@ class ReplicaCopiesTest(tf.test.TestCase, parameterized.TestCase):
     self.assertAllClose([10., 20., 30., 40.], got[CLONE])
     self.assertAllClose(got[PER_REPLICA], got[CLONE])
 
+  def test_variable_created_after_a_merge(self):
+    # After an all-reduce of [1, 2, 3, 4] (sum 10), each replica creates
+    # (replica 0) or takes (calls) v and returns sum(v * x_i) * 10 with
+    # x_i = i. Copy i of v is set to [[i + 1, 2 (i + 1)]] (each replica must
+    # read its own): replica i gives 3 (i + 1) * i * 10 = 30 i (i + 1).
+    def fn(x):
+      total = replicate.get_replica_context().all_reduce(
+          replicate.ReduceOp.SUM, x + 1.0)
+      v = tf1.get_variable('v', initializer=[[1.0, 2.0]])
+      return tf.reduce_sum(v * x) * tf.reduce_sum(total)
+
+    got = {}
+    for build in (CLONE, PER_REPLICA):
+      with tf.Graph().as_default():
+        strategy = replicate.MirroredStrategy(DEVICES, replica_build=build)
+        with strategy.scope():
+          x = values.PerReplica({d: tf.constant([[float(i)]])
+                                 for i, d in enumerate(DEVICES)})
+          with mock.patch.object(logs, 'log_first_n') as log:
+            result = strategy.run(fn, args=(x,))
+        log.assert_not_called()
+        with tf1.Session(config=CONFIG) as sess:
+          sess.run(tf1.global_variables_initializer())
+          v, = tf1.global_variables()
+          for i, copy in enumerate(v.values):
+            copy.load([[i + 1.0, 2.0 * (i + 1)]], sess)
+          got[build] = sess.run(list(
+              strategy.experimental_local_results(result)))
+    self.assertAllClose([0., 60., 180., 360.], got[CLONE])
+    self.assertAllClose(got[PER_REPLICA], got[CLONE])
+
   def test_copies_are_named_and_placed_per_replica(self):
     with tf.Graph().as_default() as graph:
       strategy = replicate.MirroredStrategy(DEVICES)
