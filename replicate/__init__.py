@@ -127,6 +127,7 @@ from replicate.distribute_lib import Strategy
 from replicate.distribute_lib import StrategyExtended
 from replicate.distribute_lib import get_loss_reduction
 from replicate.mirrored_strategy import MirroredStrategy
+from replicate.mirrored_strategy import ReplicaBuild
 from replicate import mirrored_strategy
 from replicate import model_fn
 from replicate import tower_optimizer
@@ -150,7 +151,7 @@ __all__ = [
     'ReductionToOneDeviceCrossTowerOps', 'choose_the_best',
     # Strategies.
     'InputContext', 'InputReplicationMode', 'MirroredStrategy',
-    'ReplicaContext', 'Strategy', 'StrategyExtended',
+    'ReplicaBuild', 'ReplicaContext', 'Strategy', 'StrategyExtended',
     'get_cross_replica_context', 'get_loss_reduction', 'get_replica_context',
     'get_strategy', 'has_strategy', 'in_cross_replica_context',
     '__version__',

@@ -165,6 +165,7 @@ EXPECTED = {
     mirrored_strategy: {
         'MirroredStrategy': dict(
             _STRATEGY_METHODS, __init__=('devices', 'cross_device_ops')),
+        'ReplicaBuild': {'CLONE': None, 'CALL_PER_REPLICA': None},
     },
     values: {'PerDevice': {}, 'PerReplica': {}, 'Mirrored': {},
              'DistributedValues': {}},
