@@ -320,6 +320,9 @@ def main(argv=None):
                                              '/tmp/hvd/bin/python'),
                       help='a Python whose venv has horovod[tensorflow]')
   parser.add_argument('--json', default=None, help='write the runs here')
+  parser.add_argument('--markdown', default=None,
+                      help='write the table (medians, every round, load '
+                      'averages) here, e.g. benchmarks/results/multi_worker.md')
   parser.add_argument('--child', action='store_true')
   parser.add_argument('--route', default='one_process')
   parser.add_argument('--model', default='wide')
@@ -354,7 +357,31 @@ def main(argv=None):
     with open(args.json, 'w') as f:
       json.dump(results, f, indent=1, sort_keys=True)
   print(_table(results, models, routes, hvd_note))
+  if args.markdown:
+    write_markdown(args.markdown, results, models, routes, hvd_note)
   return 0
+
+
+def write_markdown(path, results, models, routes, hvd_note):
+  """The results file: medians, each round's value and its load average."""
+  lines = [
+      '# Multi-worker training on one machine (benchmarks/multi_worker_bench.py)',
+      '',
+      'Commit: {}. Examples/s of the chief (rank 0), global batch {}, one '
+      'tower per training process, {} training processes on this machine\'s '
+      '2 cores; medians of {} alternating rounds.'.format(
+          results['git'], GLOBAL_BATCH, NUM_TASKS,
+          max(r['round'] for r in results['runs']) + 1),
+      '', _table(results, models, routes, hvd_note), '',
+      '| round | model | route | examples/s | load average (1 min) |',
+      '|---|---|---|---|---|']
+  for run in results['runs']:
+    lines.append('| {} | {} | {} | {} | {:.1f} |'.format(
+        run['round'], run['model'], run['route'],
+        '{:,.0f}'.format(run['examples_per_s'])
+        if run.get('status') == 'ok' else 'error', run['load_avg']))
+  with open(path, 'w') as f:
+    f.write('\n'.join(lines) + '\n')
 
 
 if __name__ == '__main__':

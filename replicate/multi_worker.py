@@ -299,24 +299,29 @@ def gradient_all_reduce(num_workers, loss_reduction):
 
 
 class WorkerAllReduce(multi_worker_ops.CollectiveAllReduce):
-  """`CollectiveAllReduce` of packed gradients, scaled for the mean.
+  """`CollectiveAllReduce` of packed small gradients, scaled for the mean.
 
-  A batch of dense values on the same devices is reduced as one collective
-  per dtype: each device's values are flattened and concatenated, reduced,
-  scaled and split again (Horovod's fusion buffer), so many small variables
-  cost one collective rather than one each. Other batches go through
-  `CollectiveAllReduce` and are scaled after.
+  In a batch of dense values on the same devices, the values smaller than
+  `pack_max_bytes` are reduced as one collective per dtype: each device's
+  values are flattened and concatenated, reduced, scaled and split again
+  (Horovod's fusion buffer), so many small variables cost one collective
+  rather than one each. Larger values are reduced one collective each, which
+  can start as soon as their gradient exists, while the rest of the backward
+  pass runs, and need no copy into a buffer. Other batches go through
+  `CollectiveAllReduce`. Every sum is then multiplied by `scale`.
   """
 
-  def __init__(self, num_workers, scale=1.0):
+  def __init__(self, num_workers, scale=1.0, pack_max_bytes=1 << 20):
     """Builds the object.
 
     Args:
       num_workers: int >= 1, how many tasks take part.
       scale: what every sum is multiplied by (1.0: nothing is).
+      pack_max_bytes: values of this size or larger are not packed.
     """
     super(WorkerAllReduce, self).__init__(num_workers=num_workers)
     self._scale = scale
+    self._pack_max_bytes = pack_max_bytes
 
   def _batch_reduce(self, reduce_op, value_destination_pairs):
     devices = value_destination_pairs[0][0].devices
@@ -327,10 +332,20 @@ class WorkerAllReduce(multi_worker_ops.CollectiveAllReduce):
           WorkerAllReduce, self)._batch_reduce(reduce_op,
                                                value_destination_pairs)]
     by_dtype = collections.OrderedDict()
+    alone = []
     for position, (value, _) in enumerate(value_destination_pairs):
-      by_dtype.setdefault(value.values[0].dtype.base_dtype, []).append(
-          position)
+      tensor = value.values[0]
+      if (tensor.shape.num_elements() * tensor.dtype.size >=
+          self._pack_max_bytes):
+        alone.append(position)
+      else:
+        by_dtype.setdefault(tensor.dtype.base_dtype, []).append(position)
     results = [None] * len(value_destination_pairs)
+    if alone:
+      reduced = super(WorkerAllReduce, self)._batch_reduce_on_devices(
+          ReduceOp.SUM, [value_destination_pairs[i] for i in alone])
+      for position, mirrored in zip(alone, reduced):
+        results[position] = self._scaled(mirrored)
     for positions in by_dtype.values():
       values = [value_destination_pairs[i][0] for i in positions]
       sizes = [v.values[0].shape.num_elements() for v in values]

@@ -250,6 +250,50 @@ class ExampleTest(tf.test.TestCase):
     self.assertIn('They equal one process training on both workers', output)
 
 
+class GradientAllReduceTest(tf.test.TestCase):
+  """multi_worker.WorkerAllReduce on two local CPUs (one task, no server)."""
+
+  def test_packed_and_alone_values_summed_and_scaled(self):
+    devices = replicate.testing.virtual_cpu_devices(2)
+    rng = np.random.RandomState(3)
+    # Per device: a 4x4 float32 (64 bytes: reduced alone, as large), and a
+    # float32 and a float64 vector (packed, one collective per dtype).
+    arrays = [[rng.standard_normal(shape).astype(dtype) for shape, dtype in
+               (((4, 4), np.float32), ((3,), np.float32),
+                ((2,), np.float64))] for _ in devices]
+    with tf.Graph().as_default():
+      values = []
+      for k in range(3):
+        per_device = {}
+        for d, device in enumerate(devices):
+          with tf1.device(device):
+            per_device[device] = tf.constant(arrays[d][k])
+        values.append((replicate.PerDevice(per_device), devices))
+      all_reduce = replicate.multi_worker.WorkerAllReduce(
+          num_workers=1, scale=0.5, pack_max_bytes=64)
+      reduced = all_reduce.batch_reduce(replicate.ReduceOp.SUM, values)
+      with tf1.Session(config=replicate.testing.virtual_cpu_config(2)) as s:
+        results = s.run([[m.get(d) for d in devices] for m in reduced])
+    for k in range(3):
+      # (device 0's value + device 1's) * scale, on both devices.
+      expected = (arrays[0][k] + arrays[1][k]) * 0.5
+      for result in results[k]:
+        self.assertAllClose(expected, result)
+        self.assertEqual(expected.dtype, result.dtype)
+    self.assertEqual(
+        ['/job:localhost/replica:0/task:0/device:CPU:0',
+         '/job:localhost/replica:0/task:0/device:CPU:1'],
+        sorted(reduced[0].devices))
+
+  def test_gradient_all_reduce_scales_for_the_mean_only(self):
+    mean = replicate.multi_worker.gradient_all_reduce(
+        4, tf1.losses.Reduction.SUM_BY_NONZERO_WEIGHTS)
+    total = replicate.multi_worker.gradient_all_reduce(
+        4, tf1.losses.Reduction.SUM)
+    self.assertEqual(0.25, mean._scale)  # pylint: disable=protected-access
+    self.assertEqual(1.0, total._scale)  # pylint: disable=protected-access
+
+
 class MisuseTest(tf.test.TestCase):
   """Errors raised while the model is built: no servers are started."""
 
