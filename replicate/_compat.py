@@ -408,3 +408,66 @@ def stop_hook_last_step(hook):
 def session_closed(session):
   """Whether a `tf.compat.v1.Session` has been closed (private `_closed`)."""
   return bool(getattr(session, '_closed', False))
+
+
+# --- bulk variables (graph_copy/bulk_variables.py) ---
+
+
+def variable_def_proto(**fields):
+  """A `VariableDef` proto (not in `tf.compat.v1` of TF 1.15)."""
+  from tensorflow.core.framework import variable_pb2  # pylint: disable=g-import-not-at-top
+  return variable_pb2.VariableDef(**fields)
+
+
+def variable_from_def(variable_def):
+  """A variable object wrapping graph ops that a `VariableDef` names.
+
+  Made with the variable class itself, not `tf.Variable`: no variable
+  creator scope (e.g. a strategy's) sees it.
+  """
+  from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-import-not-at-top
+  if variable_def.is_resource:
+    return resource_variable_ops.ResourceVariable(variable_def=variable_def)
+  if IS_TF2:
+    from tensorflow.python.ops import ref_variable  # pylint: disable=g-import-not-at-top
+    return ref_variable.RefVariable(variable_def=variable_def)
+  from tensorflow.python.ops import variables  # pylint: disable=g-import-not-at-top
+  return variables.RefVariable(variable_def=variable_def)
+
+
+def set_variable_constraint(variable, constraint):
+  """Gives a variable made by `variable_from_def` its constraint."""
+  variable._constraint = constraint  # pylint: disable=protected-access
+
+
+def optimizer_slots(optimizer):
+  """`(create_slots, slot_dict, var_key)` of a `tf.compat.v1` optimizer.
+
+  `create_slots(var_list)` makes the slots `apply_gradients` would (under
+  `init_scope`, as it does); `slot_dict(name)` is the dict
+  `get_slot(var, name)` looks `var_key(var)` up in: a slot entered there
+  is used and not made again. None when `optimizer` is not a plain
+  `tf.compat.v1.train.Optimizer` with that structure (its own
+  `apply_gradients`, no `_slots`): it then makes every slot itself.
+  """
+  from tensorflow.python.training import optimizer as optimizer_lib  # pylint: disable=g-import-not-at-top
+  base = tf1.train.Optimizer
+  if not isinstance(optimizer, base) or (
+      type(optimizer).apply_gradients is not base.apply_gradients):
+    return None
+  create = getattr(optimizer, '_create_slots', None)
+  slot_dict = getattr(optimizer, '_slot_dict', None)
+  var_key = getattr(optimizer_lib, '_var_key', None)
+  if not (callable(create) and callable(slot_dict) and callable(var_key) and
+          isinstance(getattr(optimizer, '_slots', None), dict)):
+    return None
+
+  def create_slots(var_list):
+    with tf1.init_scope():
+      create(var_list)
+  return create_slots, slot_dict, var_key
+
+
+def save_slice_info(variable):
+  """A partitioned variable's slice information, or None."""
+  return getattr(variable, '_save_slice_info', None)

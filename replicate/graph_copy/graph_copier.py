@@ -8,15 +8,13 @@ original's requested device maps for copy i. Clients decide what to copy and
 when (e.g. towers/tower_cloning.py); subclasses say
 how devices map and which ops every copy shares.
 """
-import contextlib
-import gc
-
 import tensorflow as tf
 
 from replicate._compat import tf1
 from replicate.core import device_util
 from replicate.gradients import gradient_gating
 from replicate.gradients import read_packing
+from replicate.graph_copy import bulk_variables
 from replicate.graph_copy import node_defs
 from replicate.graph_copy import op_kinds
 
@@ -127,25 +125,42 @@ class GraphCopier(object):
       0's are `variables`).
     """
     self._make_prefixes()
-    per_tower = [list(variables)]
+    specs = [
+        bulk_variables.VariableSpec(
+            name=self._prefixes[tower_id] + variable.op.name,
+            device=(self._devices[tower_id] if on_tower_devices else
+                    variable.device),
+            initial_value=variable.initial_value,
+            resource=variable.op.type == 'VarHandleOp', trainable=False,
+            collections=list(collections), colocate_with=None,
+            wrap_initial_value=False)
+        for tower_id in range(1, len(self._devices))
+        for variable in variables]
+    if all(bulk_variables.can_create(spec.initial_value) for spec in specs):
+      made = bulk_variables.create_variables(self._graph, specs)
+    else:
+      made = self._own_variables_one_by_one(specs)
+    count = len(variables)
+    per_tower = [list(variables)] + [
+        made[i * count:(i + 1) * count]
+        for i in range(len(self._devices) - 1)]
+    self.map_variables(variables, per_tower)
+    return per_tower
+
+  def _own_variables_one_by_one(self, specs):
+    """`own_variables`' copies made by `tf.Variable`, one at a time."""
+    made = []
     with self._graph.as_default(), tf1.name_scope(None), (
         tf1.control_dependencies(None)), tf1.colocate_with(
             None, ignore_existing=True):
-      for tower_id in range(1, len(self._devices)):
-        own = []
-        for variable in variables:
-          with tf1.device(self._devices[tower_id] if on_tower_devices
-                          else variable.device):
-            new = tf1.Variable(
-                variable.initial_value, trainable=False,
-                collections=list(collections),
-                name=self._prefixes[tower_id] + variable.op.name,
-                dtype=variable.dtype.base_dtype,
-                use_resource=variable.op.type == 'VarHandleOp')
-          own.append(new)
-        per_tower.append(own)
-    self.map_variables(variables, per_tower)
-    return per_tower
+      for spec in specs:
+        with tf1.device(spec.device):
+          made.append(tf1.Variable(
+              spec.initial_value, trainable=False,
+              collections=spec.collections, name=spec.name,
+              dtype=spec.initial_value.dtype.base_dtype,
+              use_resource=spec.resource))
+    return made
 
   def map_variables(self, variables, per_tower):
     """Copies of ops that read or write a variable use each tower's own.
@@ -272,7 +287,7 @@ class GraphCopier(object):
           input_map[prefix + name] = read_copies.get(
               value.name, copies.get(value.name, value))
     with tf1.device(lambda op: devices.get(op.name, op.device)), (
-        _collector_paused()):
+        bulk_variables.collector_paused()):
       imported = tf1.import_graph_def(
           graph_def, input_map=input_map, return_elements=returned, name='')
     self._copied.update(ops)
@@ -461,20 +476,3 @@ class GraphCopier(object):
 def _input_name(tensor):
   """How a NodeDef names `tensor` as an input (`op` for output 0)."""
   return tensor.op.name if tensor.value_index == 0 else tensor.name
-
-
-@contextlib.contextmanager
-def _collector_paused():
-  """Pauses Python's cyclic garbage collector while copies are imported.
-
-  An import creates a Python `Operation` per copied op, and each batch of new
-  objects would set off a young-generation collection that scans them again
-  (hundreds per 16-tower copy). Paused, they are scanned once, after.
-  """
-  was_enabled = gc.isenabled()
-  gc.disable()
-  try:
-    yield
-  finally:
-    if was_enabled:
-      gc.enable()
