@@ -386,6 +386,7 @@ class TowerOptimizer(tf1.train.Optimizer):
           compressed, devices, replicated.gradient_all_reduce)
       reduced = [[(self._decompressed(grad, contexts, var), var)
                   for grad, var in pairs] for pairs in reduced]
+    replicated.make_slots(optimizer, reduced)
     train_op = self._apply(optimizer, [pair for pairs in reduced
                                        for pair in pairs],
                            global_step, name, replication)

@@ -18,6 +18,7 @@ from replicate.cross_tower import cross_tower_base
 from replicate.cross_tower import values as values_lib
 from replicate.gradients import gradient_aggregation
 from replicate.gradients import gradient_gating
+from replicate.graph_copy import bulk_variables
 from replicate.strategy import default_strategy
 from replicate.strategy import distribute_context
 from replicate.strategy.mirrored_values import MirroredVariable
@@ -38,9 +39,11 @@ def apply_gradients_across_replicas(optimizer, grads_and_vars,
   replicas' inputs on the variable's first device (unless the strategy was
   given a `cross_tower_ops`). All copies are updated by a single
   `apply_gradients` call, so state the optimizer keeps once per step (Adam's
-  beta powers, the global step) advances once. Slots are made per copy and
-  then mirrored like the variables: one checkpoint key per slot, named as
-  one device names it, restored into every copy.
+  beta powers, the global step) advances once. Slots are made per copy
+  (the primary's by the optimizer, the others' from it in one import: see
+  graph_copy/bulk_variables.py) and then mirrored like the variables: one
+  checkpoint key per slot, named as one device names it, restored into
+  every copy.
 
   Args:
     optimizer: a `tf.compat.v1.train.Optimizer`.
@@ -196,6 +199,12 @@ def _apply_merged(strategy, grads_and_vars, global_step, name, raws, contexts,
                                                contexts.contexts[index])
       per_copy.append((value, copy))
   with distribute_context.unmirrored_variables():
+    # The primaries' slots made by the optimizer, the other copies' in bulk
+    # from them (grouped per variable by `_mirror_slots` below).
+    variables = [v for _, v in pairs]
+    bulk_variables.create_slot_copies(
+        optimizer, [v.values[0] for v in variables],
+        [list(v.values[1:]) for v in variables], collections=[])
     apply_op = optimizer.apply_gradients(
         per_copy, name=name if global_step is None else None)
   strategy.extended._mirror_slots(optimizer, [v for _, v in pairs])  # pylint: disable=protected-access

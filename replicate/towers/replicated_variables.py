@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from replicate import errors
 from replicate._compat import tf1
+from replicate.graph_copy import bulk_variables
 
 _COPY_COLLECTIONS = (tf1.GraphKeys.LOCAL_VARIABLES,)
 
@@ -82,6 +83,29 @@ class ReplicatedVariables(object):
     copies = self._copies.get(variable.op.name)
     return variable if copies is None else copies[tower_id]
 
+  def make_slots(self, optimizer, tower_grads_and_vars):
+    """Makes the copies' slots in bulk, before the one `apply_gradients`.
+
+    The optimizer makes tower 0's slots itself (as `apply_gradients` would:
+    their names, initial values and checkpoint keys are unchanged); each
+    copy's slot is made from tower 0's by one import
+    (graph_copy/bulk_variables.py), a local variable, set from tower 0's at
+    session start by `adopt_slots`' pairs. An optimizer without the
+    structure this needs makes every slot in `apply_gradients`.
+
+    Args:
+      optimizer: the wrapped optimizer about to apply.
+      tower_grads_and_vars: as for `adopt_slots`.
+    """
+    firsts, copies = [], []
+    for index, (grad, first) in enumerate(tower_grads_and_vars[0]):
+      if grad is not None:
+        firsts.append(first)
+        copies.append([pairs[index][1] for pairs in tower_grads_and_vars[1:]
+                       if pairs[index][1] is not first])
+    bulk_variables.create_slot_copies(optimizer, firsts, copies,
+                                      list(_COPY_COLLECTIONS))
+
   def adopt_slots(self, optimizer, tower_grads_and_vars):
     """Makes the slots `optimizer` created for the copies local copies too.
 
@@ -98,6 +122,8 @@ class ReplicatedVariables(object):
     global_variables = graph.get_collection_ref(
         tf1.GraphKeys.GLOBAL_VARIABLES)
     local_variables = graph.get_collection_ref(tf1.GraphKeys.LOCAL_VARIABLES)
+    local_ids = set(id(v) for v in local_variables)
+    leaving = set()
     slot_names = optimizer.get_slot_names()
     for index, (grad, first) in enumerate(tower_grads_and_vars[0]):
       if grad is None:
@@ -110,11 +136,14 @@ class ReplicatedVariables(object):
           slot = optimizer.get_slot(pairs[index][1], name)
           if slot is None or slot is source:
             continue
-          if slot in global_variables:
-            global_variables.remove(slot)
-          if slot not in local_variables:
+          leaving.add(id(slot))
+          if id(slot) not in local_ids:
+            local_ids.add(id(slot))
             local_variables.append(slot)
           self._pairs.append((source, slot))
+    if leaving:
+      global_variables[:] = [v for v in global_variables
+                             if id(v) not in leaving]
 
   def sync_hook(self):
     """A `SessionRunHook` setting every copy from tower 0's at session start.
