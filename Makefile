@@ -15,7 +15,7 @@ VENV_TF1 := .venv/tf1
 VENV_TF2 := .venv/tf2
 PYTEST_ARGS ?= -q -p no:cacheprovider
 
-.PHONY: demo test test-tf1 test-tf2 lint bench sdist venv-tf1 venv-tf2 clean
+.PHONY: demo test test-tf1 test-tf2 lint bench bench-tf2 bench-scale sdist venv-tf1 venv-tf2 clean
 
 demo: $(VENV_TF1)/.installed
 	$(VENV_TF1)/bin/python examples/digits_demo.py $(DEMO_ARGS)
@@ -45,6 +45,11 @@ test-tf2: $(VENV_TF2)/.installed
 
 bench: $(VENV_TF1)/.installed
 	$(VENV_TF1)/bin/python benchmarks/run_all.py $(BENCH_ARGS)
+
+# The same benchmark on TF 2.15 (run_all.py --python; no contrib rows there),
+# written to benchmarks/results/tf2 so that the TF 1.15 report stays.
+bench-tf2: $(VENV_TF2)/.installed
+	$(VENV_TF2)/bin/python benchmarks/run_all.py --out-dir benchmarks/results/tf2 $(BENCH_ARGS)
 
 # 1-32 towers against one device (issue 26); SCALE_ARGS=--quick for a smoke
 # run. TF 2.15 rows: add `--python $(VENV_TF2)/bin/python --append`.

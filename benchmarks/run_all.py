@@ -1,7 +1,12 @@
 """Runs every benchmark and writes the report: `make bench`.
 
   python benchmarks/run_all.py [--quick] [--rounds N] [--target-rounds N]
-      [--skip-estimator] [--skip-reduction] [--out-dir DIR]
+      [--skip-estimator] [--skip-reduction] [--out-dir DIR] [--python PY]
+
+`--python PY` runs the whole benchmark with another interpreter, e.g. the
+TF 2.15 venv's (`--python .venv/tf2/bin/python`, `make bench-tf2`): the
+report then has TF 2.15 rows (contrib's are n/a there, it has no contrib);
+give it its own `--out-dir` to keep the TF 1.15 report.
 
 Writes DIR/latest.md (markdown tables, ratios vs single device and vs
 tf.contrib), DIR/latest.json (every raw number) and DIR/latest.png (bar
@@ -267,6 +272,24 @@ def _plot_python():
   return None
 
 
+_REEXEC_ENV = 'REPLICATE_BENCH_RUN_ALL_PYTHON'
+
+
+def _rerun_with(python, argv):
+  """Runs this script with `python` (and `argv` less `--python`)."""
+  rest, skip = [], False
+  for arg in argv:
+    if skip:
+      skip = False
+    elif arg == '--python':
+      skip = True
+    elif not arg.startswith('--python='):
+      rest.append(arg)
+  env = dict(os.environ)
+  env[_REEXEC_ENV] = python
+  return subprocess.call([python, os.path.abspath(__file__)] + rest, env=env)
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--quick', action='store_true')
@@ -283,7 +306,12 @@ def main(argv=None):
   parser.add_argument('--skip-estimator', action='store_true')
   parser.add_argument('--skip-reduction', action='store_true')
   parser.add_argument('--out-dir', default=None)
+  parser.add_argument('--python', default=None,
+                      help='run everything with this Python (e.g. '
+                      '.venv/tf2/bin/python: TF 2.15)')
   args = parser.parse_args(argv)
+  if args.python and not os.environ.get(_REEXEC_ENV):
+    return _rerun_with(args.python, sys.argv[1:] if argv is None else argv)
   out_dir = args.out_dir or (os.path.join(bench_util.RESULTS_DIR, 'tmp')
                              if args.quick else bench_util.RESULTS_DIR)
   if not os.path.isdir(out_dir):

@@ -25,6 +25,8 @@ and `vars1000` (500 chained dense layers of 16, 1,000 variables); global batch
   python benchmarks/scale_bench.py --quick               # 1,4,16 deep, 5 steps
   python benchmarks/scale_bench.py --towers 1,4,16 --models deep --steps 5
   .venv/tf2/bin/python benchmarks/scale_bench.py --append --towers 1,4,16
+  python benchmarks/scale_bench.py --quick --variants pack_size_sources=none
+      (beside each tower count, the same with a replicate.Tuning A/B)
 
 Children run with this Python (`--python` picks another, e.g. the TF 2.15
 venv's, while this one draws the plot). `--append` keeps the sections of the
@@ -96,12 +98,14 @@ def _gc_recorder():
 
 
 def run_one(model, config, towers, warmup, steps, grappler=True,
-            cprofile=None, trace_malloc=False, rewrite=()):
+            cprofile=None, trace_malloc=False, rewrite=(), knobs=()):
   """Trains one configuration in this process; returns its result dict.
 
   `grappler=False` turns TF's graph optimizer off; `rewrite` holds
   `(field, value)` pairs of `RewriterConfig` (e.g. `('constant_folding',
   'OFF')`, `('memory_optimization', 'NO_MEM_OPT')`): Grappler A/B runs.
+  `knobs` holds `(field, value)` pairs of `replicate.Tuning` (strings;
+  'none' is None): A/B runs of the library's knobs.
   """
   result = {'model': model, 'config': config, 'towers': towers,
             'warmup': warmup, 'steps': steps,
@@ -114,6 +118,11 @@ def run_one(model, config, towers, warmup, steps, grappler=True,
   tf1 = tf.compat.v1
   tf1.logging.set_verbosity(tf1.logging.ERROR)
   result['tf_version'] = tf.__version__
+  if knobs:
+    replicate.set_tuning(replicate.get_tuning().replace(**{
+        field: None if value == 'none' else int(value)
+        for field, value in knobs}))
+  result['tuning'] = dict(knobs)
   result['rss_import_mb'] = _maxrss_mb()
   gc_stats = _gc_recorder()
   timings = {}
@@ -219,25 +228,36 @@ def run_one(model, config, towers, warmup, steps, grappler=True,
 # ----------------------------------------------------------------------------
 
 
-def _plan(models, towers):
-  """(model, config, towers): one device before and after the towers."""
+def _plan(models, towers, variants=()):
+  """(model, config, towers): one device before and after the towers.
+
+  A variant (`replicate@field=value,...`, a `Tuning` A/B) runs right after
+  the default at each tower count above 1.
+  """
   plan = []
   for model in models:
     plan.append((model, 'single', 1))
-    plan.extend((model, 'replicate', n) for n in towers)
+    for n in towers:
+      plan.append((model, 'replicate', n))
+      if n > 1:
+        plan.extend((model, 'replicate@' + v, n) for v in variants)
     plan.append((model, 'single', 1))
   return plan
 
 
-def run_section(models, towers, step_table, python, timeout_s, log=print):
+def run_section(models, towers, step_table, python, timeout_s, log=print,
+                variants=()):
   """Runs the plan with `python`; returns one section of the report."""
   runs = []
   load_before = os.getloadavg()
   started = datetime.datetime.utcnow().strftime('%Y-%m-%d %H:%M UTC')
-  for model, config, n in _plan(models, towers):
+  for model, config, n in _plan(models, towers, variants):
     warmup, steps = step_table[model]
-    args = ['--child', '--model', model, '--config', config, '--towers',
+    base, _, knobs = config.partition('@')
+    args = ['--child', '--model', model, '--config', base, '--towers',
             str(n), '--warmup', str(warmup), '--steps', str(steps)]
+    if knobs:
+      args += ['--tuning', knobs]
     res = bench_util.run_child(os.path.abspath(__file__), args, timeout_s,
                                python=python)
     res.update(model=model, config=config, towers=n)
@@ -290,12 +310,13 @@ def section_md(section):
       row += ' {} | 1.00x |'.format(spec.format(v) if v is not None else 'n/a')
     lines.append(row)
     for r in section['runs']:
-      if r['model'] != model or r['config'] != 'replicate':
+      if r['model'] != model or not r['config'].startswith('replicate'):
         continue
+      label = '{}{}'.format(r['towers'], r['config'][len('replicate'):])
       if r.get('status') != 'ok':
-        lines.append('| {} | {} |'.format(r['towers'], r.get('status')))
+        lines.append('| {} | {} |'.format(label, r.get('status')))
         continue
-      row = '| {} | {} |'.format(r['towers'], r['ops'])
+      row = '| {} | {} |'.format(label, r['ops'])
       for metric, _, spec in METRICS:
         base = _single(section, model, metric)
         ratio = '{:.2f}x'.format(r[metric] / base) if base else 'n/a'
@@ -382,6 +403,12 @@ def main(argv=None):
   parser.add_argument('--grappler', default='on', choices=('on', 'off'))
   parser.add_argument('--rewrite', default='',
                       help='child: RewriterConfig field=VALUE,... (A/B)')
+  parser.add_argument('--tuning', default='',
+                      help='child: replicate.Tuning field=value,... (A/B; '
+                      'none: None)')
+  parser.add_argument('--variants', default='',
+                      help='Tuning A/Bs run beside replicate at each tower '
+                      'count, separated by ";" (e.g. pack_size_sources=none)')
   parser.add_argument('--cprofile', default=None)
   parser.add_argument('--tracemalloc', action='store_true')
   args = parser.parse_args(argv)
@@ -395,7 +422,9 @@ def main(argv=None):
                     grappler=args.grappler == 'on', cprofile=args.cprofile,
                     trace_malloc=args.tracemalloc,
                     rewrite=[kv.split('=', 1) for kv in
-                             args.rewrite.split(',') if kv])
+                             args.rewrite.split(',') if kv],
+                    knobs=[kv.split('=', 1) for kv in
+                           args.tuning.split(',') if kv])
     except Exception as e:  # pylint: disable=broad-except
       import traceback  # pylint: disable=g-import-not-at-top
       traceback.print_exc()
@@ -416,7 +445,8 @@ def main(argv=None):
   if not os.path.isdir(out_dir):
     os.makedirs(out_dir)
   python = os.path.abspath(args.python) if args.python else sys.executable
-  section = run_section(models, towers, step_table, python, args.timeout)
+  section = run_section(models, towers, step_table, python, args.timeout,
+                        variants=[v for v in args.variants.split(';') if v])
   section['platform'] = platform.platform()
   sections = []
   json_path = os.path.join(out_dir, 'scale.json')
