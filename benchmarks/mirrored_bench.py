@@ -15,10 +15,14 @@ The strategies use the loop of docs/mirrored_strategy.md
 the train op), session creation plus variable initialization, ops in the
 graph, and examples/s (global batch / median step time after the warm-up).
 Rounds alternate the configurations; the table gives medians and each
-configuration's ratio to `single`, with the load average.
+configuration's ratio to `single`, with the load average. `--baseline DIR`
+also runs the `--baseline-configs` from another checkout (e.g. the commit
+before a change, `git archive HEAD~1 | tar -x -C DIR`), as `<config>@base`
+rows of the same run: before and after, side by side on a noisy machine.
 
 Usage:
   python benchmarks/mirrored_bench.py [--rounds 3] [--steps 200]
+  python benchmarks/mirrored_bench.py --baseline /tmp/base --configs single,clone
   python benchmarks/mirrored_bench.py --child --config clone
 """
 import argparse
@@ -112,11 +116,21 @@ def main(argv=None):
   parser.add_argument('--configs', default=','.join(CONFIGS))
   parser.add_argument('--child', action='store_true')
   parser.add_argument('--config', default='single')
+  parser.add_argument('--baseline', default=None,
+                      help='another checkout whose configs run as <c>@base')
+  parser.add_argument('--baseline-configs', default='clone')
   args = parser.parse_args(argv)
   if args.child:
     bench_util.emit(run_one(args.config, args.warmup, args.steps))
     return
-  configs = args.configs.split(',')
+  here = os.path.abspath(__file__)
+  scripts = {c: here for c in args.configs.split(',')}
+  if args.baseline:
+    there = os.path.join(os.path.abspath(args.baseline), 'benchmarks',
+                         os.path.basename(here))
+    scripts.update((c + '@base', there)
+                   for c in args.baseline_configs.split(','))
+  configs = list(scripts)
   runs = {c: [] for c in configs}
   loads = []
   for round_index in range(args.rounds):
@@ -124,9 +138,9 @@ def main(argv=None):
     for config in order:
       loads.append(os.getloadavg()[0])
       result = bench_util.run_child(
-          os.path.abspath(__file__),
-          ['--child', '--config', config, '--warmup', str(args.warmup),
-           '--steps', str(args.steps)], timeout_s=900)
+          scripts[config],
+          ['--child', '--config', config.split('@')[0], '--warmup',
+           str(args.warmup), '--steps', str(args.steps)], timeout_s=900)
       if result.get('status') != 'ok':
         print(config, result, file=sys.stderr)
         continue
