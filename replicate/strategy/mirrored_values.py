@@ -254,8 +254,8 @@ def create_copies(primary, devices, kwargs):
   """A mirrored variable's copies on `devices`, made by one import.
 
   Each copy is a resource variable named `<primary>/replica_<i>` (i from 1),
-  on its device (merged with the enclosing device scopes, as `tf.device`
-  merges it), initialized from the primary's initial value, with the
+  on its device (the strategy's devices are fully specified: enclosing
+  device scopes change nothing), initialized from the primary's initial value, with the
   primary's dtype, shape, trainability, synchronization, aggregation and
   the constraint of `kwargs`, in no collection: what `tf.Variable` with
   `initial_value=lambda: tf.identity(primary.initial_value)` makes, in one
@@ -264,7 +264,7 @@ def create_copies(primary, devices, kwargs):
 
   Args:
     primary: the first copy, a resource variable just created.
-    devices: the devices of the other copies.
+    devices: the devices of the other copies, fully specified.
     kwargs: the arguments the primary was created with.
 
   Returns:
@@ -279,10 +279,6 @@ def create_copies(primary, devices, kwargs):
       kwargs.get('validate_shape') is False or
       primary.initializer.inputs[1] is not initial_value):
     return None
-  placed = []
-  for device in devices:
-    with tf.device(device):
-      placed.append(_compat.current_device())
   return bulk_variables.create_variables(tf1.get_default_graph(), [
       bulk_variables.VariableSpec(
           name='{}/replica_{}'.format(primary.op.name, i), device=device,
@@ -291,7 +287,7 @@ def create_copies(primary, devices, kwargs):
           wrap_initial_value=True, synchronization=primary.synchronization,
           aggregation=primary.aggregation,
           constraint=kwargs.get('constraint'))
-      for i, device in enumerate(placed, 1)])
+      for i, device in enumerate(devices, 1)])
 
 
 def _convert_to_tensor(var, dtype=None, name=None, as_ref=False):
