@@ -31,6 +31,8 @@ class TuningTest(parameterized.TestCase, tf.test.TestCase):
        'Tuning.pack_max_bytes must be at least 0, got -1'),
       ('empty_group', dict(pack_max_group=0), errors.InvalidArgumentError,
        'Tuning.pack_max_group must be at least 1, got 0'),
+      ('no_sources', dict(pack_size_sources=0), errors.InvalidArgumentError,
+       'Tuning.pack_size_sources must be at least 1, got 0'),
       ('float', dict(one_thread_bytes=1.5), errors.InvalidTypeError,
        'Tuning.one_thread_bytes must be an int, got 1.5'),
       ('none_not_allowed', dict(pack_small_bytes=None),
