@@ -127,6 +127,26 @@ class PackedBatchReduceTest(parameterized.TestCase, tf.test.TestCase):
     self.assertEqual(sorted(_CANONICAL[1:3] * 3), sorted(
         device_util.canonicalize(op.device) for op in by_type['SplitV']))
 
+  def test_packs_keep_their_size_as_devices_grow(self):
+    # 40 values of [64, 64] (16 KB each) on 8 devices: packs stay below the
+    # one-thread size of a 4-source sum (200 KB: 12 values), so 12 + 12 +
+    # 12 + 4: 4 packs, one concat per device each. Sized for an 8-source sum
+    # (pack_size_sources=None, the layout before) they would hold 6: 7 packs.
+    rng = np.random.RandomState(3)
+    devices = testing.virtual_cpu_devices(8)
+    for knobs, num_packs in ((tuning.Tuning(), 4),
+                             (tuning.Tuning(pack_size_sources=None), 7)):
+      graph = tf.Graph()
+      with graph.as_default(), tuning.tuning_scope(knobs):
+        inputs = [_per_device(
+            [rng.randint(-3, 4, size=(64, 64)).astype(np.float32)
+             for _ in devices], devices) for _ in range(40)]
+        replicate.ReductionToOneDeviceCrossTowerOps().batch_reduce(
+            ReduceOp.SUM, [(v, ['/cpu:0']) for v in inputs])
+      self.assertEqual(num_packs * 8, _count(graph, 'ConcatV2') +
+                       _count(graph, 'DynamicStitch'))
+      self.assertEqual(num_packs, _count(graph, 'AddN'))
+
   def test_packing_off(self):
     arrays = _mixed_arrays(np.random.RandomState(2))
     graph = tf.Graph()
