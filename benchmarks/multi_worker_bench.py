@@ -12,7 +12,14 @@ separate processes on 127.0.0.1, one tower (one CPU device) per process:
                 TowerOptimizer(SyncReplicasOptimizer): ps + chief + worker
   horovod       hvd.DistributedOptimizer over Gloo, 2 ranks (horovodrun),
                 BroadcastGlobalVariablesHook(0); only where Horovod imports
-                in --horovod_python (a TF 1.15 venv, see docs/performance.md)
+                in --horovod_python, a venv of its own:
+                  python3.7 -m venv /tmp/hvd && /tmp/hvd/bin/pip install
+                    tensorflow==1.15.5 'protobuf<3.21' 'numpy<1.19' cmake
+                    cloudpickle psutil pyyaml packaging cffi
+                  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1
+                    HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1
+                    HOROVOD_WITHOUT_MXNET=1 /tmp/hvd/bin/pip install
+                    --no-build-isolation horovod==0.28.1
 
 Each training process takes 128 rows a step. examples/s = 256 / the median
 wall time between consecutive steps of the chief (rank 0) after a warm-up;
@@ -346,7 +353,7 @@ def main(argv=None):
   if 'horovod' in routes and hvd_python is None:
     routes.remove('horovod')
     hvd_note = ('Horovod: not importable with {}; its row is left out '
-                '(install it as docs/performance.md says).'.format(
+                '(this script\'s docstring says how to install it).'.format(
                     args.horovod_python))
     print(hvd_note, flush=True)
   results = run_all(models, routes, 1 if args.quick else args.rounds,
