@@ -98,10 +98,11 @@ def replicate_model_fn(model_fn,
       `get_tower_context()`), a warning says why and every tower is built by
       its own call. `CALL_PER_TOWER`: one `model_fn` call per tower in every
       mode, as tf.contrib did. See replicate/towers/tower_cloning.py.
-    cross_tower_ops: with `REPLICATED`, the `replicate.CrossTowerOps` that
-      all-reduces the gradients (e.g. `replicate.NcclAllReduce()`); None
-      chooses: `replicate.cross_tower_ops.choose_the_best` for the towers,
-      or collective ops across the workers of a cluster.
+    cross_tower_ops: with `REPLICATED` on one machine, the
+      `replicate.CrossTowerOps` that all-reduces the gradients (e.g.
+      `replicate.NcclAllReduce()`); None chooses:
+      `replicate.cross_tower_ops.choose_the_best` for the towers, or (the
+      only choice there) collective ops across the tasks of a cluster.
 
   Returns:
     A `model_fn` with the signature `(features, labels, mode, params, config)`.
@@ -187,6 +188,12 @@ def replicate_model_fn(model_fn,
         variable_placement.value, placement.aggregation_device,
         loss_reduction, tower_build.value)
     replicated = None
+    if cross_tower_ops is not None and placement.num_workers > 1:
+      raise errors.InvalidArgumentError(
+          'cross_tower_ops={!r} reduces the towers of one task, but this '
+          'cluster has {} training tasks that all-reduce together with '
+          'collective ops (averaged over the tasks). Drop cross_tower_ops '
+          'in a cluster.'.format(cross_tower_ops, placement.num_workers))
     if variable_placement == VariablePlacement.REPLICATED:
       replicated = replicated_variables.ReplicatedVariables(
           cross_tower_ops or _gradient_all_reduce(placement, config,

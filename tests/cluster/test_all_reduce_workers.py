@@ -308,12 +308,13 @@ class MisuseTest(tf.test.TestCase):
     finally:
       del os.environ['TF_CONFIG']
 
-  def _train(self, config):
+  def _train(self, config, **kwargs):
     estimator = tf1.estimator.Estimator(
         replicate.replicate_model_fn(
             task_lib.model_fn_for(tf, tf1, 'sgd', 0.0),
             devices=['/device:CPU:0', '/device:CPU:1'],
-            variable_placement=replicate.VariablePlacement.REPLICATED),
+            variable_placement=replicate.VariablePlacement.REPLICATED,
+            **kwargs),
         model_dir=tempfile.mkdtemp(dir=self.get_temp_dir()), config=config)
 
     def input_fn():
@@ -328,6 +329,17 @@ class MisuseTest(tf.test.TestCase):
         replicate.errors.InvalidArgumentError,
         r'REPLICATED.*"ps" job \(1 task\(s\)\).*Remove "ps"'):
       self._train(self._run_config(cluster))
+
+  def test_cross_tower_ops_in_a_cluster(self):
+    # A CrossTowerOps of one task's towers would sum, not average, across
+    # the tasks: refused before anything is built.
+    session_config = replicate.multi_worker.all_reduce_run_config(
+        self._run_config()).session_config
+    with self.assertRaisesRegex(
+        replicate.errors.InvalidArgumentError,
+        r'3 training tasks.*Drop cross_tower_ops'):
+      self._train(self._run_config(session_config=session_config),
+                  cross_tower_ops=replicate.ReductionToOneDevice())
 
   def test_no_group_leader(self):
     with self.assertRaisesRegex(
