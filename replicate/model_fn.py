@@ -14,7 +14,6 @@ A graph the Estimator builds for a SavedModel gets the unreplicated model
 instead, which serves on any device (replicate/towers/serving.py).
 """
 from replicate import errors
-from replicate import multi_worker
 from replicate._compat import building_saved_model
 from replicate._compat import ModeKeys
 from replicate._compat import tf1
@@ -23,6 +22,7 @@ from replicate.cluster import placement as cluster_placement
 from replicate.core import device_check
 from replicate.cross_tower import all_reduce_ops
 from replicate.cross_tower import cross_tower_base
+from replicate.cross_tower import worker_all_reduce
 from replicate.towers import device_setter
 from replicate.towers import replicated_variables
 from replicate.towers import serving
@@ -241,8 +241,8 @@ def _gradient_all_reduce(placement, config, loss_reduction):
   hierarchical copy on GPUs, reduction to one device on CPUs).
   """
   if placement.num_workers > 1:
-    return multi_worker.gradient_all_reduce(placement.num_workers,
-                                            loss_reduction)
+    return worker_all_reduce.gradient_all_reduce(placement.num_workers,
+                                                 loss_reduction)
   session_config = (config.session_config
                     if isinstance(config, tf1.estimator.RunConfig) else None)
   return all_reduce_ops.choose_the_best(placement.tower_devices,

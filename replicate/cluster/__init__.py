@@ -6,7 +6,7 @@ cluster's tasks (`cluster_check`), and, for `VariablePlacement.REPLICATED`
 without parameter servers, the collective session config
 (`all_reduce_config`) and the TRAIN spec of tasks that all-reduce together
 (`all_reduce_training`; their gradients' `CrossTowerOps` is
-`replicate.multi_worker.gradient_all_reduce`).
+`replicate.cross_tower.worker_all_reduce`).
 `replicate/multi_worker.py` is the public facade of the helpers users call.
 
 May import: `replicate.core`, `replicate.towers` (and errors, _compat).
