@@ -15,6 +15,8 @@ import collections
 import contextlib
 import gc
 
+import tensorflow as tf
+
 from replicate import _compat
 from replicate._compat import tf1
 
@@ -234,3 +236,53 @@ def collector_paused():
   finally:
     if was_enabled:
       gc.enable()
+
+
+def assign_all(pairs, name):
+  """One op setting each target variable to its source's value.
+
+  Pairs of resource variables are read and assigned by one import (a read
+  on the source's device, an assign on the target's); other pairs by
+  `assign`, one at a time.
+
+  Args:
+    pairs: `(source, target)` variables of one dtype and shape each.
+    name: the name of the returned op (made unique, as TF does).
+
+  Returns:
+    The op (a `NoOp` depending on every assignment).
+  """
+  graph = tf1.get_default_graph()
+  resource = [(s, t) for s, t in pairs
+              if s.op.type == 'VarHandleOp' and t.op.type == 'VarHandleOp']
+  others = [(s, t) for s, t in pairs
+            if not (s.op.type == 'VarHandleOp' and t.op.type == 'VarHandleOp')]
+  with graph.as_default(), tf1.name_scope(None), (
+      tf1.control_dependencies(None)), tf1.colocate_with(
+          None, ignore_existing=True), tf1.device(None):
+    scope = graph.unique_name(name)
+    graph_def = tf1.GraphDef()
+    graph_def.versions.CopyFrom(graph.graph_def_versions)
+    input_map, devices, assigns = {}, {}, []
+    for index, (source, target) in enumerate(resource):
+      dtype = source.dtype.base_dtype
+      prefix = '{}/{}'.format(scope, index)
+      input_map[prefix + '/_source'] = source.handle
+      input_map[prefix + '/_target'] = target.handle
+      _node(graph_def, prefix + '/read', 'ReadVariableOp',
+            [prefix + '/_source'], dtype=dtype)
+      _node(graph_def, prefix + '/assign', 'AssignVariableOp',
+            [prefix + '/_target', prefix + '/read'], dtype=dtype)
+      devices[prefix + '/read'] = source.device
+      devices[prefix + '/assign'] = target.device
+      assigns.append('^' + prefix + '/assign')
+    _node(graph_def, scope, 'NoOp', assigns)
+    with tf1.device(lambda op: devices.get(op.name, op.device)), (
+        collector_paused()):
+      group, = tf1.import_graph_def(graph_def, input_map=input_map,
+                                    return_elements=[scope], name='')
+  if not others:
+    return group
+  with tf1.control_dependencies([group]):
+    return tf.group(*[target.assign(source.read_value(), read_value=False)
+                      for source, target in others], name=name)

@@ -15,8 +15,6 @@ all copies, so that per-call state such as Adam's beta powers advances once.
 Non-trainable variables (the global step, moving statistics) stay single,
 as tower 0's.
 """
-import tensorflow as tf
-
 from replicate import errors
 from replicate._compat import tf1
 from replicate.graph_copy import bulk_variables
@@ -153,12 +151,9 @@ class ReplicatedVariables(object):
     """
     if not self._pairs:
       return None
-    with tf1.name_scope('replicated_variables_sync'):
-      sync = tf.group(*[
-          copy.assign(source.read_value(), read_value=False)
-          for source, copy in self._pairs
-      ], name='sync')
-    return _SyncHook(sync)
+    # Built by one import (graph_copy/bulk_variables.py): two ops a pair.
+    return _SyncHook(bulk_variables.assign_all(
+        self._pairs, 'replicated_variables_sync/sync'))
 
 
 class _SyncHook(tf1.train.SessionRunHook):

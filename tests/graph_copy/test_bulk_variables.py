@@ -111,6 +111,39 @@ class CreateVariablesTest(tf.test.TestCase, parameterized.TestCase):
                             session.run(made))
 
 
+class AssignAllTest(tf.test.TestCase):
+
+  def test_sets_every_target_from_its_source(self):
+    graph = tf.Graph()
+    with graph.as_default():
+      # Pair i: source [i, -i] on cpu:0, target zeros on cpu:(i % 3); the
+      # last pair is of reference variables (assigned one by one).
+      pairs = []
+      for i in range(4):
+        resource = i < 3
+        with tf1.device('/cpu:0'):
+          source = tf1.get_variable('s{}'.format(i), initializer=[
+              float(i), -float(i)], use_resource=resource)
+        with tf1.device('/cpu:{}'.format(i % _NUM_CPUS)):
+          target = tf1.get_variable('t{}'.format(i), initializer=[0.0, 0.0],
+                                    use_resource=resource)
+        pairs.append((source, target))
+      with mock.patch.object(tf1, 'import_graph_def',
+                             wraps=tf1.import_graph_def) as spy:
+        sync = bulk_variables.assign_all(pairs, 'sync')
+      self.assertEqual(1, spy.call_count)
+      assigns = [op for op in graph.get_operations()
+                 if op.type == 'AssignVariableOp' and
+                 op.name.startswith('sync/')]
+      self.assertEqual(['/device:CPU:0', '/device:CPU:1', '/device:CPU:2'],
+                       [op.device for op in assigns])
+      with _virtual_session(graph) as session:
+        session.run(tf1.global_variables_initializer())
+        session.run(sync)
+        self.assertAllEqual([[i, -i] for i in range(4)],
+                            session.run([t for _, t in pairs]))
+
+
 class SlotCopiesTest(tf.test.TestCase, parameterized.TestCase):
 
   def _build(self, optimizer_name, bulk):
