@@ -5,11 +5,12 @@ time through Python. Models copied onto N devices need N-1 copies of every
 variable and of every optimizer slot, and building them that way costs more
 than copying the model. `create_variables` writes the ops of a batch of
 variables into one `GraphDef` (the op types, names, attributes and
-colocation `tf.Variable` gives them), imports it once and wraps each
-variable from a `VariableDef`. `create_slot_copies` lets an optimizer make
-the primaries' slots itself, then makes the copies' slots in bulk from
-them and enters them where the optimizer looks slots up, so that its
-`apply_gradients` makes none.
+devices `tf.Variable` gives them), imports it once and wraps each variable
+from a `VariableDef`. `create_slot_copies` lets an optimizer make the
+primaries' slots itself, then makes the copies' slots in bulk from them
+and enters them where the optimizer looks slots up, so that its
+`apply_gradients` makes none. `assign_all` builds many assignments (a
+sync of copies) by one import.
 """
 import collections
 import contextlib
@@ -50,6 +51,18 @@ def can_create(initial_value):
   """Whether `create_variables` can make a variable from `initial_value`."""
   return initial_value is not None and (
       initial_value.shape.is_fully_defined())
+
+
+def can_copy(variable):
+  """Whether copies of `variable` can be made from its initial value.
+
+  Not when TF guarded its initializer (the initial value reads other
+  variables, read once they are initialized): the copies would read them
+  unguarded.
+  """
+  initial_value = getattr(variable, 'initial_value', None)
+  return can_create(initial_value) and (
+      variable.initializer.inputs[1] is initial_value)
 
 
 def create_variables(graph, specs):

@@ -136,7 +136,7 @@ class GraphCopier(object):
             wrap_initial_value=False)
         for tower_id in range(1, len(self._devices))
         for variable in variables]
-    if all(bulk_variables.can_create(spec.initial_value) for spec in specs):
+    if all(bulk_variables.can_copy(variable) for variable in variables):
       made = bulk_variables.create_variables(self._graph, specs)
     else:
       made = self._own_variables_one_by_one(specs)

@@ -272,17 +272,15 @@ def create_copies(primary, devices, kwargs):
     value reads other variables (it is guarded then), its shape is not
     fully known, or `kwargs` ask for a caching device or no shape check.
   """
-  initial_value = getattr(primary, 'initial_value', None)
   if (primary.op.type != 'VarHandleOp' or
-      not bulk_variables.can_create(initial_value) or
+      not bulk_variables.can_copy(primary) or
       kwargs.get('caching_device') is not None or
-      kwargs.get('validate_shape') is False or
-      primary.initializer.inputs[1] is not initial_value):
+      kwargs.get('validate_shape') is False):
     return None
   return bulk_variables.create_variables(tf1.get_default_graph(), [
       bulk_variables.VariableSpec(
           name='{}/replica_{}'.format(primary.op.name, i), device=device,
-          initial_value=initial_value, resource=True,
+          initial_value=primary.initial_value, resource=True,
           trainable=primary.trainable, collections=[], colocate_with=None,
           wrap_initial_value=True, synchronization=primary.synchronization,
           aggregation=primary.aggregation,

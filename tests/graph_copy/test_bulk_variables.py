@@ -111,6 +111,22 @@ class CreateVariablesTest(tf.test.TestCase, parameterized.TestCase):
                             session.run(made))
 
 
+class CanCopyTest(tf.test.TestCase):
+
+  def test_guarded_initial_values_are_not_copied(self):
+    with tf.Graph().as_default():
+      base = tf1.get_variable('base', initializer=[1.0, 2.0],
+                              use_resource=False)
+      plain = tf1.get_variable('plain', initializer=[3.0, 4.0],
+                               use_resource=False)
+      # Read from `base`: TF guards its initializer against an
+      # uninitialized `base`; a copy reading the initial value would not be.
+      derived = tf1.get_variable('derived', initializer=base * 2.0,
+                                 use_resource=False)
+      self.assertTrue(bulk_variables.can_copy(plain))
+      self.assertFalse(bulk_variables.can_copy(derived))
+
+
 class AssignAllTest(tf.test.TestCase):
 
   def test_sets_every_target_from_its_source(self):
