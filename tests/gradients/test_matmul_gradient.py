@@ -142,7 +142,10 @@ class MirroredReplicasTest(tf.test.TestCase):
   """Replicas of `replicate.MirroredStrategy` on CPUs get the CPU gradient."""
 
   def test_replicas_build_matmuls_with_the_override_only_while_they_run(self):
-    strategy = replicate.MirroredStrategy(testing.virtual_cpu_devices(2))
+    # Each replica calls `step` (copied replicas would run it once).
+    strategy = replicate.MirroredStrategy(
+        testing.virtual_cpu_devices(2),
+        replica_build=replicate.ReplicaBuild.CALL_PER_REPLICA)
     built = {'replica': [], 'merge': []}
 
     def merge_fn(unused_strategy):
@@ -187,7 +190,9 @@ class MirroredReplicasTest(tf.test.TestCase):
     self.assertFalse(_overridden(after))
 
   def test_a_model_fn_map_inside_a_replica_wins(self):
-    strategy = replicate.MirroredStrategy(testing.virtual_cpu_devices(2))
+    strategy = replicate.MirroredStrategy(
+        testing.virtual_cpu_devices(2),
+        replica_build=replicate.ReplicaBuild.CALL_PER_REPLICA)
     ops = []
 
     def step():
@@ -232,12 +237,16 @@ class MirroredReplicasTest(tf.test.TestCase):
         train_op = strategy.group(strategy.experimental_run(step, iterator))
       gradient_ops = [op for op in graph.get_operations()
                       if 'gradients' in op.name]
-      # Each replica's input gradients are (V . dy^T)^T and (W . dh^T)^T
-      # (TF's MatMul gradient builds that of x too; nothing runs it): two
-      # Transposes per replica, each of a [300, 4] product, none of a weight.
+      # Each replica's input gradients are (V . dy^T)^T and (W . dh^T)^T:
+      # Transposes of a [300, 4] product, none of a weight. Replica 0's
+      # `tf.gradients` builds that of x too (nothing runs it); replica 1 is
+      # a copy of what the update needs, so it has only the other one.
       transposes = [op for op in gradient_ops if op.type == 'Transpose']
-      self.assertLen(transposes, 4)
-      self.assertEqual([[300, 4]] * 4,
+      self.assertEqual(
+          [2, 1], [len([op for op in transposes
+                        if op.name.startswith('replica_1/') == copy])
+                   for copy in (False, True)])
+      self.assertEqual([[300, 4]] * 3,
                        [op.inputs[0].shape.as_list() for op in transposes])
       with tf1.Session(config=testing.virtual_cpu_config(2)) as sess:
         sess.run(tf1.global_variables_initializer())
