@@ -276,7 +276,7 @@ def assign_all(pairs, name):
     scope = graph.unique_name(name)
     graph_def = tf1.GraphDef()
     graph_def.versions.CopyFrom(graph.graph_def_versions)
-    input_map, devices, assigns = {}, {}, []
+    input_map, devices, assigns = {}, {}, collections.OrderedDict()
     for index, (source, target) in enumerate(resource):
       dtype = source.dtype.base_dtype
       prefix = '{}/{}'.format(scope, index)
@@ -288,8 +288,16 @@ def assign_all(pairs, name):
             [prefix + '/_target', prefix + '/read'], dtype=dtype)
       devices[prefix + '/read'] = source.device
       devices[prefix + '/assign'] = target.device
-      assigns.append('^' + prefix + '/assign')
-    _node(graph_def, scope, 'NoOp', assigns)
+      assigns.setdefault(target.device, []).append('^' + prefix + '/assign')
+    # One group per device, then one of the groups (as `tf.group`): a
+    # control edge across devices costs a transfer when the op runs.
+    groups = []
+    for index, (device, inputs) in enumerate(assigns.items()):
+      group_name = '{}/group_{}'.format(scope, index)
+      _node(graph_def, group_name, 'NoOp', inputs)
+      devices[group_name] = device
+      groups.append('^' + group_name)
+    _node(graph_def, scope, 'NoOp', groups)
     with tf1.device(lambda op: devices.get(op.name, op.device)), (
         collector_paused()):
       group, = tf1.import_graph_def(graph_def, input_map=input_map,
