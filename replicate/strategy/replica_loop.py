@@ -13,8 +13,12 @@ values): the other replicas' threads then start and call the function from
 its beginning, each `merge_call` already answered handing back at once what
 that merge gave the replica, and pause at the one replica 0 waits in; from
 there the run goes on call per replica. What was copied before stays in the
-graph, unused where the calls rebuilt it.
+graph, unused where the calls rebuilt it. A merge that already wrote
+variables cannot be answered that way (the calls' reads before it would race
+its update): that is an error naming `ReplicaBuild.CALL_PER_REPLICA`.
 """
+import re
+
 import tensorflow as tf
 
 from replicate import errors
@@ -30,6 +34,8 @@ _JOIN_TIMEOUT_S = 30.0
 
 ReplicaBuild = mirrored_copies.ReplicaBuild
 _STOPPED_COPYING = object()
+# Op types that write a variable (optimizer updates, assignments).
+_WRITE_OP = re.compile(r'^(Resource)?(Apply|SparseApply|Assign|Scatter)')
 
 
 def call_for_each_replica(strategy, devices, fn, args, kwargs, make_creator,
@@ -227,6 +233,7 @@ class _Copies(object):
         reason = ('the replica function asked which replica it builds '
                   '(replica_id_in_sync_group or devices)')
       if reason is not None:
+        self._check_no_updates_before(reason)
         mirrored_copies.warn_not_cloned(reason)
         self._call_the_others(loop)
         return _STOPPED_COPYING
@@ -234,6 +241,30 @@ class _Copies(object):
       if first.done:
         return self._results()
       self._merge(loop, first)
+
+  def _check_no_updates_before(self, reason):
+    """Raises if a merge already answered wrote variables.
+
+    The other replicas would then be called after the fact: their merges
+    hand back what the copies' merge returned, so their own reads before
+    it are ordered before no update and race it within a step (a loss
+    fetched with the train op would read old or new weights at random).
+
+    Raises:
+      InvalidArgumentError: naming the reason and the fix.
+    """
+    writes = sorted(op.name for op in self.merge_ops
+                    if _WRITE_OP.match(op.type))
+    if not writes:
+      return
+    raise errors.InvalidArgumentError(
+        'replicate.MirroredStrategy copies replica 0 onto the other '
+        'replicas, but after a merge_call that updated variables ({}{}) {}, '
+        'so copies cannot be shown right and the other replicas cannot be '
+        'called after the update. Pass replica_build=replicate.ReplicaBuild.'
+        'CALL_PER_REPLICA to MirroredStrategy, or ask before the first '
+        'merge_call.'.format(', '.join(writes[:3]),
+                             ', ...' if len(writes) > 3 else '', reason))
 
   def _call_the_others(self, loop):
     """Starts replicas 1..N-1, each catching up with replica 0's merges."""
