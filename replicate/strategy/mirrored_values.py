@@ -269,10 +269,13 @@ def create_copies(primary, devices, kwargs):
 
   Returns:
     The copies, or None where they must be made one by one: the initial
-    value reads other variables (it is guarded then), its shape is not
-    fully known, or `kwargs` ask for a caching device or no shape check.
+    value reads other variables (it is guarded then) or lives in another
+    graph (the primary was lifted out of a function or loop body), its shape
+    is not fully known, or `kwargs` ask for a caching device or no shape
+    check.
   """
   if (primary.op.type != 'VarHandleOp' or
+      primary.initial_value.graph is not tf1.get_default_graph() or
       not bulk_variables.can_copy(primary) or
       kwargs.get('caching_device') is not None or
       kwargs.get('validate_shape') is False):
