@@ -8,20 +8,11 @@ import enum
 from replicate._compat import tf1
 from replicate.core import device_check
 from replicate.core import device_util
+from replicate.graph_copy import op_kinds
 
-# Ops that own state and belong on a parameter device, not on a tower device.
-STATEFUL_OP_TYPES = frozenset([
-    'Variable',
-    'VariableV2',
-    'VarHandleOp',
-    'AutoReloadVariable',
-    'MutableHashTable',
-    'MutableHashTableV2',
-    'MutableHashTableOfTensors',
-    'MutableHashTableOfTensorsV2',
-    'MutableDenseHashTable',
-    'MutableDenseHashTableV2',
-])
+# Ops that own state (variables, tables) belong on a parameter device, not on
+# a tower device; copies of a tower share them (graph_copy/op_kinds.py).
+STATEFUL_OP_TYPES = op_kinds.STATEFUL_OP_TYPES
 
 
 class VariablePlacement(enum.Enum):
