@@ -19,6 +19,7 @@ import gc
 import tensorflow as tf
 
 from replicate import _compat
+from replicate import _graph_import
 from replicate._compat import tf1
 
 
@@ -90,7 +91,7 @@ def create_variables(graph, specs):
       protos.append(_add_variable(graph_def, spec, name, input_map, devices))
     with tf1.device(lambda op: devices.get(op.name, op.device)), (
         collector_paused()):
-      tf1.import_graph_def(graph_def, input_map=input_map, name='')
+      _graph_import.import_graph_def(graph_def, input_map=input_map)
     variables = []
     for spec, proto in zip(specs, protos):
       variable = _compat.variable_from_def(proto)
@@ -300,8 +301,8 @@ def assign_all(pairs, name):
     _node(graph_def, scope, 'NoOp', groups)
     with tf1.device(lambda op: devices.get(op.name, op.device)), (
         collector_paused()):
-      group, = tf1.import_graph_def(graph_def, input_map=input_map,
-                                    return_elements=[scope], name='')
+      group, = _graph_import.import_graph_def(
+          graph_def, input_map=input_map, return_elements=[scope])
   if not others:
     return group
   with tf1.control_dependencies([group]):

@@ -10,6 +10,7 @@ how devices map and which ops every copy shares.
 """
 import tensorflow as tf
 
+from replicate import _graph_import
 from replicate._compat import tf1
 from replicate.core import device_util
 from replicate.gradients import gradient_gating
@@ -288,8 +289,8 @@ class GraphCopier(object):
               value.name, copies.get(value.name, value))
     with tf1.device(lambda op: devices.get(op.name, op.device)), (
         bulk_variables.collector_paused()):
-      imported = tf1.import_graph_def(
-          graph_def, input_map=input_map, return_elements=returned, name='')
+      imported = _graph_import.import_graph_def(
+          graph_def, input_map=input_map, return_elements=returned)
     self._copied.update(ops)
     position = 0
     for tower_id in range(1, len(self._devices)):

@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 import replicate
+from replicate import _graph_import
 from replicate._compat import tf1
 from replicate.graph_copy import bulk_variables
 
@@ -95,8 +96,9 @@ class CreateVariablesTest(tf.test.TestCase, parameterized.TestCase):
           wrap_initial_value=True,
           aggregation=tf.VariableAggregation.MEAN)
                for i, value in enumerate(values)]
-      with mock.patch.object(tf1, 'import_graph_def',
-                             wraps=tf1.import_graph_def) as spy:
+      with mock.patch.object(
+          _graph_import, 'import_graph_def',
+          wraps=_graph_import.import_graph_def) as spy:
         made = bulk_variables.create_variables(graph, specs)
       self.assertEqual(1, spy.call_count)
       self.assertEqual(['v{}'.format(i) for i in range(5)],
@@ -144,8 +146,9 @@ class AssignAllTest(tf.test.TestCase):
           target = tf1.get_variable('t{}'.format(i), initializer=[0.0, 0.0],
                                     use_resource=resource)
         pairs.append((source, target))
-      with mock.patch.object(tf1, 'import_graph_def',
-                             wraps=tf1.import_graph_def) as spy:
+      with mock.patch.object(
+          _graph_import, 'import_graph_def',
+          wraps=_graph_import.import_graph_def) as spy:
         sync = bulk_variables.assign_all(pairs, 'sync')
       self.assertEqual(1, spy.call_count)
       assigns = [op for op in graph.get_operations()

@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 import replicate
+from replicate import _graph_import
 from replicate import testing
 from replicate._compat import tf1
 from replicate.graph_copy import bulk_variables
@@ -131,8 +132,9 @@ class CreateCopiesTest(tf.test.TestCase):
             aggregation=tf.VariableAggregation.MEAN)
       kwargs = {'constraint': clip}
       start = len(graph.get_operations())
-      with mock.patch.object(tf1, 'import_graph_def',
-                             wraps=tf1.import_graph_def) as spy:
+      with mock.patch.object(
+          _graph_import, 'import_graph_def',
+          wraps=_graph_import.import_graph_def) as spy:
         copies = mirrored_values.create_copies(primary, DEVICES[1:], kwargs)
       self.assertEqual(1, spy.call_count)
       # What a one-by-one copy is made of: handle, initializer identity,

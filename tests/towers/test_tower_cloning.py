@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 import replicate
+from replicate import _graph_import
 from replicate import errors
 from replicate._compat import tf1
 from replicate.towers import tower_cloning
@@ -266,10 +267,12 @@ class CloneGraphTest(tf.test.TestCase):
     self.assertLen(spec.loss.op.inputs, 4)
 
   def test_gradients_and_loss_are_copied_in_one_import(self):
-    # Every import scans the whole graph (~15 ms on the 100-layer benchmark
-    # model): the loss the optimizer got is copied with the gradients.
-    with mock.patch.object(tf1, 'import_graph_def',
-                           wraps=tf1.import_graph_def) as imports:
+    # Every import has a cost of its own (TF's checks, a whole-graph scan
+    # where TF 1.15's own import is used): the loss the optimizer got is
+    # copied with the gradients.
+    with mock.patch.object(
+        _graph_import, 'import_graph_def',
+        wraps=_graph_import.import_graph_def) as imports:
       graph, spec = _build(_deep_model_fn, mt.cpus(4))
     self.assertEqual(1, imports.call_count)
     # The spec's loss adds the towers' scaled losses, each scaling the
@@ -286,8 +289,9 @@ class CloneGraphTest(tf.test.TestCase):
       # Reported, but no optimizer saw it: copied in a round of its own.
       return spec._replace(loss=spec.loss * 2.0)
 
-    with mock.patch.object(tf1, 'import_graph_def',
-                           wraps=tf1.import_graph_def) as imports:
+    with mock.patch.object(
+        _graph_import, 'import_graph_def',
+        wraps=_graph_import.import_graph_def) as imports:
       graph, spec = _build(model_fn, mt.cpus(2))
     self.assertEqual(2, imports.call_count)
     copied_loss = spec.loss.op.inputs[1]
