@@ -88,7 +88,11 @@ def _import_tf1(internals, graph_def, input_map, return_elements):
     for op in new_ops:
       op._add_control_inputs(graph._control_dependencies_for_inputs(op.inputs))
       op._control_flow_post_processing()
-    _place(graph, importer, new_ops)
+    # Only ops with a colocation attribute (from their NodeDef, or from a
+    # colocation scope) need TF's check, which raises an error on the others.
+    may_colocate = [bool(graph._colocation_stack) or '_class' in node.attr
+                    for node in graph_def.node]
+    _place(graph, importer, new_ops, may_colocate)
   missing = c_api.TF_ImportGraphDefResultsMissingUnusedInputMappings_wrapper(
       results.results)
   if missing:
@@ -105,14 +109,17 @@ def _import_tf1(internals, graph_def, input_map, return_elements):
   # pylint: enable=protected-access
 
 
-def _place(graph, importer, new_ops):
-  """Devices of the new ops, as TF's `importer._ProcessNewOps` sets them."""
+def _place(graph, importer, new_ops, may_colocate):
+  """Devices of the new ops, as TF's `importer._ProcessNewOps` sets them.
+
+  `may_colocate`: for each new op, whether it may carry a colocation.
+  """
   # pylint: disable=protected-access
   colocated = []
-  for op in new_ops:
+  for op, check in zip(new_ops, may_colocate):
     original_device = op.device
     op._set_device('')
-    names = importer._GetColocationNames(op)
+    names = importer._GetColocationNames(op) if check else None
     if names:
       colocated.append((op, names))
     else:

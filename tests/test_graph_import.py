@@ -68,16 +68,18 @@ def _describe(graph):
 
 class GraphImportTest(tf.test.TestCase):
 
-  def _build(self, import_fn):
+  def _build(self, import_fn, colocate_with_feed=False):
     graph = tf.Graph()
     with graph.as_default():
       feed = tf.constant([3.0, 4.0], name='feed')
       gate = tf.no_op(name='gate')
       for i in range(20):  # ops the TF 1.15 scan would walk
         tf.constant(float(i), name='existing')
-    returned = _import(import_fn, graph, _prefixed(_source_graph_def(),
-                                                   'copy/'),
-                       feed, gate, ['copy/z:0', 'copy/y'])
+      with graph.colocate_with(feed.op if colocate_with_feed else None,
+                               ignore_existing=not colocate_with_feed):
+        returned = _import(import_fn, graph,
+                           _prefixed(_source_graph_def(), 'copy/'), feed,
+                           gate, ['copy/z:0', 'copy/y'])
     return graph, returned
 
   def test_same_graph_and_results_as_tf_import(self):
@@ -97,6 +99,13 @@ class GraphImportTest(tf.test.TestCase):
     with tf1.Session(graph=ours, config=config) as session:
       # z = feed * 2 + c = [3, 4] * 2 + [1, 2].
       self.assertAllEqual([7.0, 10.0], session.run(z))
+
+  def test_colocation_scope_as_tf_import(self):
+    ours, (_, y) = self._build(_graph_import.import_graph_def,
+                               colocate_with_feed=True)
+    theirs, _ = self._build(tf1.import_graph_def, colocate_with_feed=True)
+    self.assertEqual(_describe(theirs), _describe(ours))
+    self.assertIn(b'loc:@feed', y.colocation_groups())
 
   def test_new_ops_follow_the_existing_ones(self):
     graph, (z, _) = self._build(_graph_import.import_graph_def)
