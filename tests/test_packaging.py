@@ -86,6 +86,12 @@ class SdistTest(tf.test.TestCase):
     self.assertGreater(len(expected), 100)
     self.assertEqual(expected - self.files, set())
 
+  def test_oracle_references(self):
+    # The oracle tests compare with them on TF 2 (tests/oracle/reference_lib).
+    expected = _tree_files('tests/oracle/reference', '.npz')
+    self.assertNotEmpty(expected)
+    self.assertEqual(expected - self.files, set())
+
   def test_no_build_leftovers(self):
     leftovers = [f for f in self.files
                  if f.endswith(('.pyc', '.so')) or '__pycache__' in f or

@@ -1,19 +1,18 @@
 """cross_tower_ops against TF 1.15's own cross_device_ops (an oracle).
 
-Skipped on TF 2.x, whose cross-device ops take other value types. The same
-per-device tensors go through our `batch_reduce` and TF's; results and the
-devices they land on must be the same. (TF's `PerReplica` is built from a
-device map in 1.15; that is the only adaptation.)
+The same per-device tensors go through our `batch_reduce` and TF's; results
+and the devices they land on must be the same. (TF's `PerReplica` is built
+from a device map in 1.15; that is the only adaptation.) TF 2.x's
+cross-device ops take other value types, so there ours are compared with
+TF 1.15's results recorded by record_reference.py (reference/cross_tower/).
 """
-import unittest
-
 from absl.testing import parameterized
 import numpy as np
+import reference_lib
 import tensorflow as tf
 
 import replicate
 from replicate import testing
-from replicate._compat import IS_TF2
 from replicate._compat import tf1
 from replicate.core import device_util
 
@@ -50,54 +49,95 @@ _IMPLEMENTATIONS = (
 )
 
 
+_GROUP = 'cross_tower'
+REFERENCE_IMPLEMENTATION = 'tensorflow.python.distribute.cross_device_ops'
+
+
 def _cases():
   for name, ours, theirs, kwargs in _IMPLEMENTATIONS:
     for op in ('SUM', 'MEAN'):
       yield ('{}_{}'.format(name, op.lower()), ours, theirs, kwargs, op)
 
 
-@unittest.skipIf(IS_TF2, 'The oracle is TF 1.15 only.')
+def _arrays():
+  """[shape][device] seeded arrays."""
+  rng = np.random.RandomState(0)
+  return [[rng.randn(*shape).astype(np.float32) for _ in DEVICES]
+          for shape in _SHAPES]
+
+
+def _batch_reduce(ours, make_ops, op_name):
+  """`batch_reduce` of the seeded arrays by `make_ops()` (ours or TF's).
+
+  Returns:
+    {'pair<i>/device<j>': value, 'pair<i>/devices': the result's devices}.
+  """
+  if not ours:
+    _, values = _tf_ops()
+  feeds = {}
+  with tf.Graph().as_default():
+    per_device = []
+    for per_shape in _arrays():
+      tensors = []
+      for device, array in zip(DEVICES, per_shape):
+        # Fed, not constants: the graph optimizer folds sums of constants
+        # in an order of its own (another on TF 2.15), hiding the kernels'.
+        with tf.device(device):
+          tensors.append(tf1.placeholder(tf.float32, array.shape))
+        feeds[tensors[-1]] = array
+      if ours:
+        per_device.append(replicate.PerDevice(dict(zip(DEVICES, tensors))))
+      else:
+        per_device.append(values.PerReplica(
+            values.ReplicaDeviceMap(DEVICES), tensors))
+    reduce_op = (getattr(replicate.ReduceOp, op_name) if ours else
+                 getattr(tf.distribute.ReduceOp, op_name))
+    results = make_ops().batch_reduce(
+        reduce_op, [(value, value) for value in per_device])
+    with tf1.Session(config=CONFIG) as sess:
+      got = sess.run([list(r.values) for r in results], feeds)
+  flat = {}
+  for i, (result, pair) in enumerate(zip(results, got)):
+    flat['pair{}/devices'.format(i)] = np.array(
+        [device_util.canonicalize(d) for d in result.devices])
+    for j, value in enumerate(pair):
+      flat['pair{}/device{}'.format(i, j)] = value
+  return flat
+
+
+def _reference_case(name, tf_name, kwargs, op_name):
+  def compute():
+    cross_device_ops, _ = _tf_ops()
+    return _batch_reduce(
+        False, lambda: getattr(cross_device_ops, tf_name)(**kwargs), op_name)
+  return reference_lib.Case(
+      _GROUP, name, compute,
+      lambda: {'{}_{}'.format(i, j): a for i, per_shape in enumerate(_arrays())
+               for j, a in enumerate(per_shape)})
+
+
+REFERENCE_CASES = tuple(
+    _reference_case(name, tf_name, kwargs, op_name)
+    for name, _, tf_name, kwargs, op_name in _cases())
+_REFERENCES = {case.name: case for case in REFERENCE_CASES}
+# Sums of four float32 randn terms (partial sums below 8 in magnitude). With
+# fed values TF's and our packed reductions add them in different orders,
+# which moves a sum by an ulp or two (an ulp is 4.8e-7 in [4, 8)); the
+# unpacked ones agree to the bit, on both TFs.
+_TOL = dict(rtol=1e-6, atol=1e-6)
+
+
 class CrossTowerOpsOracleTest(parameterized.TestCase, tf.test.TestCase):
 
-  def _batch_reduce(self, ours, make_ops, op_name):
-    """(values per pair and device, devices per pair) after batch_reduce."""
-    _, values = _tf_ops()
-    rng = np.random.RandomState(0)
-    arrays = [[rng.randn(*shape).astype(np.float32) for _ in DEVICES]
-              for shape in _SHAPES]
-    with tf.Graph().as_default():
-      per_device = []
-      for per_shape in arrays:
-        tensors = []
-        for device, array in zip(DEVICES, per_shape):
-          with tf.device(device):
-            tensors.append(tf.constant(array))
-        if ours:
-          per_device.append(replicate.PerDevice(dict(zip(DEVICES, tensors))))
-        else:
-          per_device.append(values.PerReplica(
-              values.ReplicaDeviceMap(DEVICES), tensors))
-      reduce_op = (getattr(replicate.ReduceOp, op_name) if ours else
-                   getattr(tf.distribute.ReduceOp, op_name))
-      results = make_ops().batch_reduce(
-          reduce_op, [(value, value) for value in per_device])
-      devices = [[device_util.canonicalize(d) for d in r.devices]
-                 for r in results]
-      with tf1.Session(config=CONFIG) as sess:
-        return sess.run([list(r.values) for r in results]), devices
-
-  @parameterized.named_parameters(*_cases())
-  def test_same_values_and_devices_as_tf(self, ours_class, tf_name, kwargs,
+  @parameterized.named_parameters(
+      *[(name, name, ours, kwargs, op_name)
+        for name, ours, _, kwargs, op_name in _cases()])
+  def test_same_values_and_devices_as_tf(self, case_name, ours_class, kwargs,
                                          op_name):
-    cross_device_ops, _ = _tf_ops()
-    ours, our_devices = self._batch_reduce(
-        True, lambda: ours_class(**kwargs), op_name)
-    theirs, their_devices = self._batch_reduce(
-        False, lambda: getattr(cross_device_ops, tf_name)(**kwargs), op_name)
-    self.assertEqual(their_devices, our_devices)
-    for our_pair, their_pair in zip(ours, theirs):
-      # The same sums in the same order: equal bit for bit.
-      self.assertAllEqual(their_pair, our_pair)
+    theirs = reference_lib.reference_results(self, _REFERENCES[case_name],
+                                             **_TOL)
+    ours = _batch_reduce(True, lambda: ours_class(**kwargs), op_name)
+    reference_lib.assert_same_results(self, theirs, ours, **_TOL)
 
 
 if __name__ == '__main__':

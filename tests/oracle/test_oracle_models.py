@@ -7,8 +7,10 @@ learning rate, two `TowerOptimizer`s on disjoint variable lists, and a
 `SparseTensor` feature split along its first dimension.
 
 Two references:
-* TF 1.15's `tf.contrib.estimator.replicate_model_fn` (skipped on TF 2.x):
-  every variable, metric and prediction must match.
+* TF 1.15's `tf.contrib.estimator.replicate_model_fn`: every variable, metric
+  and prediction must match; live on TF 1.15, recorded on TF 2.x
+  (reference/contrib_models/, written by record_reference.py). The initial
+  values come from numpy, so both TFs start from the same variables.
 * The same `model_fn` without replication, on the whole batch (both TFs):
   the default loss reduction averages each tower's loss and the towers'
   gradients are summed, so the summed gradient is the whole batch's and
@@ -19,14 +21,17 @@ Two references:
 from absl.testing import parameterized
 import model_testing as mt
 import numpy as np
+import reference_lib
 import tensorflow as tf
 
 import replicate
-from replicate._compat import IS_TF2
 from replicate._compat import tf1
 
 _BATCH = 16
 _NUM_IDS = 10
+_GROUP = 'contrib_models'
+REFERENCE_IMPLEMENTATION = ('tf.contrib.estimator.replicate_model_fn, '
+                            'TowerOptimizer')
 
 
 def _data():
@@ -35,6 +40,38 @@ def _data():
   x = rng.normal(size=(_BATCH, 4)).astype(np.float32)
   labels = (ids[:, 0] % 3).astype(np.int64)
   return ids, x, labels
+
+
+def _initial_values():
+  """Every model's initial kernels and tables, by variable name."""
+  rng = np.random.RandomState(5)
+  shapes = (('embedding/table', (_NUM_IDS, 3)), ('embedding/logits', (7, 3)),
+            ('clipped/hidden', (4, 6)), ('clipped/logits', (6, 3)),
+            ('first/dense', (4, 5)), ('second/dense', (5, 3)),
+            ('sparse/weights', (_NUM_IDS, 3)), ('sparse/dense', (4, 3)))
+  return {name: rng.uniform(-0.7, 0.7, size=shape).astype(np.float32)
+          for name, shape in shapes}
+
+
+def _initializer(name):
+  """Initializes to `_initial_values()[name]`, or a partition's rows of it."""
+  value = _initial_values()[name]
+
+  def initializer(shape, dtype=tf.float32, partition_info=None):
+    rows = value
+    if partition_info is not None:  # a part of a partitioned variable
+      offset = partition_info.var_offset[0]
+      rows = value[offset:offset + shape[0]]
+    return tf.constant(rows, dtype=dtype, shape=shape)
+
+  return initializer
+
+
+def _inputs():
+  ids, x, labels = _data()
+  inputs = dict(_initial_values())
+  inputs.update(ids=ids, x=x, labels=labels)
+  return inputs
 
 
 def _features(ids, x):
@@ -61,12 +98,13 @@ def _partitioned_embedding(features, labels, mode, params):
                           partitioner=tf1.fixed_size_partitioner(2)):
     table = tf1.get_variable(
         'table', [_NUM_IDS, 3],
-        initializer=tf1.random_normal_initializer(seed=1))
-  embedded = tf.reduce_sum(tf.nn.embedding_lookup(table, features['ids']), 1)
+        initializer=_initializer('embedding/table'))
+  # TF 1's lookup ('mod' partitions): TF 2's tf.nn one splits by 'div'.
+  embedded = tf.reduce_sum(tf1.nn.embedding_lookup(
+      table, features['ids'], partition_strategy='mod'), 1)
   logits = tf1.layers.dense(
       tf.concat([embedded, features['x']], 1), 3,
-      kernel_initializer=tf1.glorot_uniform_initializer(seed=2),
-      name='logits')
+      kernel_initializer=_initializer('embedding/logits'), name='logits')
   if mode == mt.PREDICT:
     return _spec(mode, logits, None, None, None)
   loss = tf1.losses.sparse_softmax_cross_entropy(labels, logits)
@@ -78,9 +116,9 @@ def _partitioned_embedding(features, labels, mode, params):
 def _clipped_momentum(features, labels, mode, params):
   hidden = tf1.layers.dense(
       features['x'], 6, activation=tf.nn.tanh,
-      kernel_initializer=tf1.glorot_uniform_initializer(seed=3), name='hidden')
+      kernel_initializer=_initializer('clipped/hidden'), name='hidden')
   logits = tf1.layers.dense(
-      hidden, 3, kernel_initializer=tf1.glorot_uniform_initializer(seed=4),
+      hidden, 3, kernel_initializer=_initializer('clipped/logits'),
       name='logits')
   loss = tf1.losses.sparse_softmax_cross_entropy(labels, logits)
   # Halved every step: the towers must read the global step before the
@@ -99,11 +137,10 @@ def _clipped_momentum(features, labels, mode, params):
 def _two_optimizers(features, labels, mode, params):
   with tf1.variable_scope('first'):
     hidden = tf1.layers.dense(
-        features['x'], 5,
-        kernel_initializer=tf1.glorot_uniform_initializer(seed=5))
+        features['x'], 5, kernel_initializer=_initializer('first/dense'))
   with tf1.variable_scope('second'):
     logits = tf1.layers.dense(
-        hidden, 3, kernel_initializer=tf1.glorot_uniform_initializer(seed=6))
+        hidden, 3, kernel_initializer=_initializer('second/dense'))
   loss = tf1.losses.sparse_softmax_cross_entropy(labels, logits)
   first = params['wrapper'](tf1.train.GradientDescentOptimizer(0.3))
   second = params['wrapper'](tf1.train.AdamOptimizer(0.1))
@@ -118,12 +155,12 @@ def _two_optimizers(features, labels, mode, params):
 def _sparse_feature(features, labels, mode, params):
   weights = tf1.get_variable(
       'weights', [_NUM_IDS, 3],
-      initializer=tf1.random_normal_initializer(seed=7))
+      initializer=_initializer('sparse/weights'))
   logits = tf1.nn.embedding_lookup_sparse(
       weights, features['sparse_ids'], None, combiner='sum')
   logits += tf1.layers.dense(
       features['x'], 3,
-      kernel_initializer=tf1.glorot_uniform_initializer(seed=8), name='dense')
+      kernel_initializer=_initializer('sparse/dense'), name='dense')
   if mode == mt.PREDICT:
     return _spec(mode, logits, None, None, None)
   loss = tf1.losses.sparse_softmax_cross_entropy(labels, logits)
@@ -184,20 +221,31 @@ _CASES = (
 )
 
 
+def _case(name, model_name, mode):
+  contrib = lambda: tf.contrib.estimator  # pylint: disable=no-member
+  return reference_lib.Case(
+      _GROUP, name,
+      lambda: _run(model_name, mode, contrib().replicate_model_fn,
+                   contrib().TowerOptimizer),
+      _inputs)
+
+
+REFERENCE_CASES = tuple(_case(*case) for case in _CASES)
+_REFERENCES = {case.name: case for case in REFERENCE_CASES}
+# The same float32 math: equal to the bit on TF 1.15; TF 2.15's kernels round
+# some ops differently, an ulp here and there, carried over three steps.
+_TOL = dict(rtol=1e-5, atol=1e-6)
+
+
 class ContribModelsOracleTest(tf.test.TestCase, parameterized.TestCase):
 
-  @parameterized.named_parameters(*_CASES)
-  def test_same_results_as_contrib(self, model_name, mode):
-    if IS_TF2:
-      self.skipTest('tf.contrib (the reference) exists only in TF 1.x')
-    contrib = tf.contrib.estimator  # pylint: disable=no-member
-    theirs = _run(model_name, mode, contrib.replicate_model_fn,
-                  contrib.TowerOptimizer)
+  @parameterized.named_parameters(
+      *[(name, name, model_name, mode) for name, model_name, mode in _CASES])
+  def test_same_results_as_contrib(self, case_name, model_name, mode):
+    theirs = reference_lib.reference_results(self, _REFERENCES[case_name],
+                                             **_TOL)
     ours = _ours(model_name, mode)
-    self.assertEqual(sorted(theirs), sorted(ours))
-    for name in theirs:
-      self.assertAllClose(theirs[name], ours[name], rtol=1e-6, atol=1e-6,
-                          msg=name)
+    reference_lib.assert_same_results(self, theirs, ours, **_TOL)
 
 
 class UnreplicatedModelsTest(tf.test.TestCase, parameterized.TestCase):
