@@ -4,9 +4,9 @@ Runs, each in a process of its own, the deep model (100 dense layers of 64
 units, tanh, 64 classes; Momentum; global batch 256; 4 virtual CPUs):
 
   single        the model built once on /device:CPU:0, a plain Session loop
-  clone         replicate.MirroredStrategy (ReplicaBuild.CLONE, the default):
+  clone         replicate.MirroredStrategy(replica_build=CLONE), the opt-in:
                 the step function runs once, replicas 1..3 are copies
-  per_replica   replicate.MirroredStrategy(replica_build=CALL_PER_REPLICA):
+  per_replica   replicate.MirroredStrategy (CALL_PER_REPLICA, the default):
                 the step function runs once per replica, as TF's does
 
 The strategies use the loop of docs/mirrored_strategy.md

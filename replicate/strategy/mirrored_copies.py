@@ -1,31 +1,33 @@
 """Replicas 1..N-1 of a mirrored `call_for_each_replica` as copies of replica 0.
 
-Calling the replica function once per replica pays its Python (layer
-construction, `tf.gradients`) N times. With `ReplicaBuild.CLONE` the
-function runs once, for replica 0, and at each sync point (every
+By default (`ReplicaBuild.CALL_PER_REPLICA`) the replica function is called
+once per replica, as TF does. Calling it pays its Python (layer
+construction, `tf.gradients`) N times; with the opt-in `ReplicaBuild.CLONE`
+the function runs once, for replica 0, and at each sync point (every
 `merge_call`, and the end) what replica 0 built since the last one and the
 sync point needs is copied onto the other replicas' devices with
 `graph_copy.GraphCopier` (one `tf.import_graph_def` per sync point). The
 copies read their replica's own inputs and their own copy of each mirrored
 (and sync-on-read) variable; a value a `merge_call` handed replica 0 reads,
-in copy i, what it handed replica i. The merge function gets per-replica
-arguments (replica i's: the copies of replica 0's) and runs once, as with
-per-replica calls.
+in copy i, what it handed replica i; seeded random ops draw their own numbers
+per copy. The merge function gets per-replica arguments (replica i's: the
+copies of replica 0's) and runs once, as with per-replica calls.
 
-Where copying cannot be shown to be right the replicas are built by calling
-the function (mirrored_run.py says how a run switches mid-way) and one
-warning says why: replica 0 asked `replica_id_in_sync_group` or `devices`
-(the replicas may differ); the replicas' inputs differ in structure or in
-Python values; a `merge_call` handed the replicas different Python values.
-Python state the function keeps (a counter, a Python random number) is not
-seen: it is the same for every copy. `ReplicaBuild.CALL_PER_REPLICA` calls
-the function per replica, as TF does.
+Where copying cannot be shown to be right, `CLONE` raises
+`InvalidArgumentError` naming the reason (`POLICY`, graph_copy/copy_policy.py)
+and never switches to calls mid-run: before anything is built, when the
+replicas are built inside a graph function or loop body or their inputs
+differ other than as tensors of one shape; during the run, when replica 0
+asks `replica_id_in_sync_group` or `devices`, a `merge_call` hands the
+replicas different Python values, or a random op has an op-level seed.
+Python side effects of the function (a counter, a Python random number)
+happen once, not per replica.
 """
 import enum
 
 import tensorflow as tf
 
-from replicate.core import logs as logging
+from replicate.graph_copy import copy_policy
 from replicate.graph_copy import graph_copier
 from replicate.strategy import distribute_context
 
@@ -34,23 +36,22 @@ class ReplicaBuild(enum.Enum):
   """How a `MirroredStrategy` builds replicas 1..N-1.
 
   Attributes:
-    CLONE: run the replica function once, for replica 0, and copy its graph
-      onto the other replicas at each sync point; where copying cannot be
-      shown to be right, call it per replica, with a warning. The default.
-    CALL_PER_REPLICA: call the function once per replica, as TF does.
+    CALL_PER_REPLICA: call the replica function once per replica, as TF
+      does. The default.
+    CLONE: run the function once, for replica 0, and copy its graph onto the
+      other replicas at each sync point; where copying cannot be shown to be
+      right, raise `InvalidArgumentError` saying why.
   """
-  CLONE = 'clone'
   CALL_PER_REPLICA = 'call_per_replica'
+  CLONE = 'clone'
 
 
-def warn_not_cloned(reason):
-  """Logs once why replicas are built by calling the replica function."""
-  logging.log_first_n(
-      logging.WARNING,
-      'MirroredStrategy builds every replica by calling the replica function, '
-      'because %s. Pass replica_build=ReplicaBuild.CALL_PER_REPLICA to '
-      'MirroredStrategy to silence this; see '
-      'replicate/strategy/mirrored_copies.py.', 1, reason)
+POLICY = copy_policy.CopyPolicy(
+    copies='replicate.MirroredStrategy(replica_build=ReplicaBuild.CLONE) '
+           'copies replica 0 onto the other replicas',
+    calls='calling the replica function once per replica',
+    fix='pass replica_build=replicate.ReplicaBuild.CALL_PER_REPLICA (the '
+        'default) to MirroredStrategy')
 
 
 class ReplicaCopier(graph_copier.GraphCopier):
@@ -59,6 +60,10 @@ class ReplicaCopier(graph_copier.GraphCopier):
   A copy goes to replica i's device where its original went to replica 0's,
   and where the original was pinned elsewhere (a `tf.device` inside the
   function) to the same place, as a per-replica call would put it.
+
+  Raises:
+    InvalidArgumentError: from `clone`, where an op to copy is a random op
+      with an op-level seed (`POLICY`).
   """
 
   def __init__(self, graph, devices, first_op_index, replica_inputs):
@@ -76,6 +81,12 @@ class ReplicaCopier(graph_copier.GraphCopier):
       self.map_variables([v.values[0] for v in variables],
                          [[v.values[i] for v in variables]
                           for i in range(len(self._devices))])
+
+  def _import(self, ops, *args, **kwargs):
+    # Checked on what is copied: a seeded initializer of a variable (made
+    # once, by replica 0, with either build) is not.
+    POLICY.check(copy_policy.reason_op_level_seeds(self._graph, ops))
+    return super(ReplicaCopier, self)._import(ops, *args, **kwargs)
 
   def _requested_device(self, op):
     return op.device or None
@@ -100,25 +111,7 @@ def reason_not_to_clone(graph, per_replica_inputs):
   if graph.building_function or distribute_context.building_loop_body():
     return ('the replicas are built inside a graph function or loop body, '
             'where imported copies would sit outside it')
-  first = per_replica_inputs[0]
-  for inputs in per_replica_inputs[1:]:
-    if len(inputs) != len(first):
-      return 'the replicas\' arguments differ in structure'
-    for a, b in zip(first, inputs):
-      if a is b:
-        continue
-      if isinstance(a, tf.Tensor) and isinstance(b, tf.Tensor):
-        if a.dtype != b.dtype or _shape(a) != _shape(b):
-          return ('the replicas\' input tensors differ in shape or dtype '
-                  '({} and {})'.format(a, b))
-        continue
-      if isinstance(a, tf.Operation) and isinstance(b, tf.Operation):
-        continue
-      if not tf.is_tensor(a) and _equal_python(a, b):
-        continue
-      return ('the replicas\' arguments differ in a value that is not a '
-              'tensor ({!r} and {!r})'.format(a, b))
-  return None
+  return copy_policy.reason_inputs_differ(per_replica_inputs)
 
 
 def tensors_of(structure):
@@ -181,9 +174,10 @@ def map_shares(copier, replica_id, first_share, share):
     elif isinstance(a, tf.Operation) and isinstance(b, tf.Operation):
       pairs = [(a, b)]
     elif isinstance(a, tf.Tensor) and isinstance(b, tf.Tensor) and (
-        a.dtype == b.dtype and _shape(a) == _shape(b)):
+        a.dtype == b.dtype and
+        copy_policy.static_shape(a) == copy_policy.static_shape(b)):
       pairs = [(a, b)]
-    elif _equal_python(a, b):
+    elif copy_policy.equal_python(a, b):
       continue
     else:
       return ('a merge_call handed the replicas values that differ other '
@@ -191,16 +185,3 @@ def map_shares(copier, replica_id, first_share, share):
     for original, copy in pairs:
       copier.set_copy(replica_id, original, copy)
   return None
-
-
-def _equal_python(a, b):
-  try:
-    return bool(a == b)
-  except Exception:  # pylint: disable=broad-except
-    return False
-
-
-def _shape(tensor):
-  """A tensor's static shape as a comparable value (None: unknown rank)."""
-  shape = tensor.shape
-  return None if shape.rank is None else tuple(shape.as_list())

@@ -11,19 +11,11 @@ graph construction deterministic (same op names and order on every run) and
 keeps TensorFlow's graph-wide state (variable scopes, gradient override maps)
 consistent.
 
-Replicas on CPU devices build their `MatMul`s with the CPU gradient of
-`matmul_gradient.py` (the input gradient of a large weight without a
-re-laid-out transposed weight per replica), as `replicate_model_fn`'s CPU
-towers do. The graph's override map is graph-wide, so a replica holds it
-only while it runs: from its start to each `merge_call`, and from there to
-the next or its end. Merge functions, which run between, build plain ops.
-
 Nothing can deadlock on the library's side: a replica that raises, or
 replicas that call `merge_call` a different number of times, stop the run;
 every other replica is released with an abort signal and joined, and the
 error is raised in the calling thread.
 """
-import contextlib
 import numbers
 import sys
 import threading
@@ -35,8 +27,8 @@ from replicate import errors
 from replicate._compat import tf1
 from replicate.core import reduce_util
 from replicate.cross_tower import values as values_lib
-from replicate.gradients import matmul_gradient
 from replicate.strategy import default_strategy
+from replicate.strategy import mirrored_copies
 from replicate.strategy import mirrored_gradients
 from replicate.strategy import replica_context
 
@@ -96,19 +88,10 @@ class ReplicaThread(threading.Thread):
     self.captured_name_scope = ''
     self.captured_var_scope = None
     self.captured_control_deps = set()
-    self.running_scopes = contextlib.ExitStack()
-    # Merge results handed out at once, without pausing: a replica built by
-    # its own call after the others were copies catches up with them.
-    self.replay = []
     self.context = None
-    # Whether the function asked which replica it builds (mirrored_copies).
-    self.asked_replica_id = False
-
-  def enter_running_scopes(self):
-    """Enters what a replica holds only while it runs (see module doc)."""
-    self.running_scopes = contextlib.ExitStack()
-    self.running_scopes.enter_context(
-        matmul_gradient.cpu_tower_gradients(self.graph, self.device))
+    # Whether the other replicas are copies of this one (mirrored_copies):
+    # then the function must not ask which replica it builds.
+    self.copying = False
 
   def run(self):
     self.should_run.wait()
@@ -128,11 +111,7 @@ class ReplicaThread(threading.Thread):
                              reuse=True if self.replica_id > 0 else None,
                              auxiliary_name_scope=False), \
           tf1.variable_creator_scope(self.creator):
-        self.enter_running_scopes()
-        try:
-          self.result = self.fn(*self.args, **self.kwargs)
-        finally:
-          self.running_scopes.close()
+        self.result = self.fn(*self.args, **self.kwargs)
         self.done = True
     except _Aborted:
       pass
@@ -143,9 +122,6 @@ class ReplicaThread(threading.Thread):
 
   def pause_for_merge(self, merge_fn, args, kwargs):
     """Called by this thread's replica context: waits for the merge result."""
-    if self.replay:
-      self.merge_calls += 1
-      return self.replay.pop(0)
     self.merge_fn, self.merge_args, self.merge_kwargs = merge_fn, args, kwargs
     self.captured_name_scope = self.graph.get_name_scope()
     if self.captured_name_scope:
@@ -154,13 +130,11 @@ class ReplicaThread(threading.Thread):
     self.captured_control_deps = _compat.current_control_dependencies(
         self.graph)
     self.merge_calls += 1
-    self.running_scopes.close()
     self.has_paused.set()
     self.should_run.wait()
     self.should_run.clear()
     if self.run_state.aborted:
       raise _Aborted()
-    self.enter_running_scopes()
     result, self.merge_result = self.merge_result, None
     return result
 
@@ -176,13 +150,24 @@ class MirroredReplicaContext(replica_context.ReplicaContext):
 
   @property
   def replica_id_in_sync_group(self):
-    """This replica's index (a Python int); see `ReplicaContext`."""
-    self._thread.asked_replica_id = True
+    """This replica's index (a Python int); see `ReplicaContext`.
+
+    Raises:
+      InvalidArgumentError: where the other replicas are copies of this one
+        (`ReplicaBuild.CLONE`): they would build what replica 0 built.
+    """
+    self._check_not_copied('replica_id_in_sync_group')
     return self._replica_id_in_sync_group
 
   def _devices(self):
-    self._thread.asked_replica_id = True
+    self._check_not_copied('devices')
     return super(MirroredReplicaContext, self)._devices()
+
+  def _check_not_copied(self, what):
+    if self._thread.copying:
+      raise mirrored_copies.POLICY.error(
+          'the replica function asked which replica it builds ({}), so '
+          'its replicas may differ'.format(what))
 
   def _routes_gradients(self):
     return True

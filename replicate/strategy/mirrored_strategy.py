@@ -2,13 +2,12 @@
 
 Every variable created in the strategy's scope is mirrored (one copy per
 device; `synchronization=ON_READ` variables are `SyncOnReadVariable`s).
-`call_for_each_replica` runs the replica function once and copies replica
-0's graph onto the other devices, or calls it per device (`replica_loop`);
-`reduce_to` / `batch_reduce_to` combine per-replica values through a
-`CrossTowerOps` (by default `choose_the_best(devices)`). As in TF 1.14,
-each replica scales its loss to the global batch and gradients are summed
-across replicas (`mirrored_gradients`). Graph mode only. Semantics and
-differences from TF: docs/mirrored_strategy.md.
+`call_for_each_replica` calls the replica function once per device
+(`replica_loop`); `reduce_to` / `batch_reduce_to` combine per-replica values
+through a `CrossTowerOps` (by default `choose_the_best(devices)`). As in TF
+1.14, each replica scales its loss to the global batch and gradients are
+summed across replicas (`mirrored_gradients`). Graph mode only. Semantics
+and differences from TF: docs/mirrored_strategy.md.
 """
 import functools
 import weakref
@@ -54,7 +53,7 @@ class MirroredExtended(strategy_extended.StrategyExtended):
   _NOT_DEEPCOPIED = ('_containers', '_plain_variables')
 
   def __init__(self, container_strategy, devices, cross_tower_ops,
-               replica_build=ReplicaBuild.CLONE):
+               replica_build=ReplicaBuild.CALL_PER_REPLICA):
     super(MirroredExtended, self).__init__(container_strategy)
     self._devices = devices
     self._replica_build = replica_build
@@ -455,7 +454,8 @@ class MirroredStrategy(strategy_base.Strategy):
   """
 
   def __init__(self, devices=None, cross_device_ops=None,
-               cross_tower_ops=None, replica_build=ReplicaBuild.CLONE):
+               cross_tower_ops=None,
+               replica_build=ReplicaBuild.CALL_PER_REPLICA):
     """Builds the strategy.
 
     Args:
@@ -466,8 +466,9 @@ class MirroredStrategy(strategy_base.Strategy):
         `cross_tower_ops.choose_the_best(devices)`.
       cross_tower_ops: contrib's name for `cross_device_ops`; give one of the
         two.
-      replica_build: a `ReplicaBuild` (mirrored_copies.py): `CLONE` copies
-        replica 0's graph, `CALL_PER_REPLICA` calls the function per replica.
+      replica_build: a `ReplicaBuild` (mirrored_copies.py): by default one
+        call of the function per replica, as in TF; `CLONE` copies replica
+        0's graph (`run` raises where copies cannot be shown right).
 
     Raises:
       InvalidTypeError: if `devices` is not a list of strings, the
@@ -493,7 +494,7 @@ class MirroredStrategy(strategy_base.Strategy):
               cross_tower_ops))
     if not isinstance(replica_build, ReplicaBuild):
       raise errors.InvalidTypeError(
-          'replica_build must be a ReplicaBuild (ReplicaBuild.CLONE or '
-          'ReplicaBuild.CALL_PER_REPLICA), got {!r}.'.format(replica_build))
+          'replica_build must be a ReplicaBuild (CALL_PER_REPLICA or CLONE), '
+          'got {!r}.'.format(replica_build))
     super(MirroredStrategy, self).__init__(
         MirroredExtended(self, devices, cross_tower_ops, replica_build))

@@ -1,24 +1,16 @@
 """`call_for_each_replica` of mirrored strategies: the loop that drives it.
 
-Replicas are built by calls of the replica function (mirrored_run.py: one
-thread each, driven one at a time, the merge function run between) or, by
-default, as copies of replica 0 (mirrored_copies.py): only replica 0's
-thread runs, and at each of its sync points (a `merge_call`, its end) what
-it built is copied onto the other replicas before the merge function runs
-with every replica's values.
-
-A run that copies can stop copying at any sync point, when a reason shows up
-(replica 0 asked its replica id, a merge handed out different Python
-values): the other replicas' threads then start and call the function from
-its beginning, each `merge_call` already answered handing back at once what
-that merge gave the replica, and pause at the one replica 0 waits in; from
-there the run goes on call per replica. What was copied before stays in the
-graph, unused where the calls rebuilt it. A merge that already wrote
-variables cannot be answered that way (the calls' reads before it would race
-its update): that is an error naming `ReplicaBuild.CALL_PER_REPLICA`.
+By default replicas are built by calls of the replica function
+(mirrored_run.py: one thread each, driven one at a time, the merge function
+run between). With `ReplicaBuild.CLONE` they are copies of replica 0
+(mirrored_copies.py): only replica 0's thread runs, and at each of its sync
+points (a `merge_call`, its end) what it built is copied onto the other
+replicas before the merge function runs with every replica's values. A
+reason copies cannot be shown right stops the run with
+`mirrored_copies.POLICY`'s error: before anything is built where it is known
+then, else at the sync point where it shows up (the ask of the replica id
+raises where it is made).
 """
-import re
-
 import tensorflow as tf
 
 from replicate import errors
@@ -33,13 +25,11 @@ from replicate.strategy import mirrored_run
 _JOIN_TIMEOUT_S = 30.0
 
 ReplicaBuild = mirrored_copies.ReplicaBuild
-_STOPPED_COPYING = object()
-# Op types that write a variable (optimizer updates, assignments).
-_WRITE_OP = re.compile(r'^(Resource)?(Apply|SparseApply|Assign|Scatter)')
 
 
 def call_for_each_replica(strategy, devices, fn, args, kwargs, make_creator,
-                          keep=(), replica_build=ReplicaBuild.CLONE,
+                          keep=(),
+                          replica_build=ReplicaBuild.CALL_PER_REPLICA,
                           mirrored_variables=None):
   """Builds `fn` for every device; see the module docstring.
 
@@ -62,6 +52,8 @@ def call_for_each_replica(strategy, devices, fn, args, kwargs, make_creator,
   Raises:
     ContextError: in eager mode, or if replicas call `merge_call` a
       different number of times.
+    InvalidArgumentError: with `ReplicaBuild.CLONE`, where copies cannot be
+      shown right (mirrored_copies.py lists the reasons).
     Any exception `fn` or a merge function raises.
   """
   if tf.executing_eagerly():
@@ -69,28 +61,28 @@ def call_for_each_replica(strategy, devices, fn, args, kwargs, make_creator,
         'call_for_each_replica of a mirrored strategy builds graphs; it was '
         'called eagerly. Call it inside `with tf.Graph().as_default():`.')
   graph = tf1.get_default_graph()
+  copying = replica_build == ReplicaBuild.CLONE and len(devices) > 1
+  replica_args = [(mirrored_run.select_replica(d, args, keep),
+                   mirrored_run.select_replica(d, kwargs, keep))
+                  for d in devices]
+  if copying:
+    inputs = [mirrored_copies.flat_inputs(a) for a in replica_args]
+    mirrored_copies.POLICY.check(
+        mirrored_copies.reason_not_to_clone(graph, inputs))
   # Replica threads need their own device, colocation and control-dependency
   # stacks (TF 2.x graphs have them already).
   graph.switch_to_thread_local()
   run = mirrored_run.Run()
   creator = make_creator(run)
-  replica_args = [(mirrored_run.select_replica(d, args, keep),
-                   mirrored_run.select_replica(d, kwargs, keep))
-                  for d in devices]
   # Every thread is made now, in the caller's scopes; a copied run starts
   # only replica 0's.
   threads = [
       mirrored_run.ReplicaThread(run, strategy, i, device, fn, a, k, creator)
       for i, (device, (a, k)) in enumerate(zip(devices, replica_args))]
   copies = None
-  if replica_build == ReplicaBuild.CLONE and len(devices) > 1:
-    inputs = [mirrored_copies.flat_inputs(a) for a in replica_args]
-    reason = mirrored_copies.reason_not_to_clone(graph, inputs)
-    if reason is not None:
-      mirrored_copies.warn_not_cloned(reason)
-    else:
-      copies = _Copies(strategy, graph, devices, threads, inputs, keep,
-                       mirrored_variables)
+  if copying:
+    copies = _Copies(graph, devices, threads, inputs, keep,
+                     mirrored_variables)
   loop = _Loop(strategy, devices, threads, keep)
   try:
     # Entering the caller's variable scope here restores it on exit, after
@@ -103,9 +95,6 @@ def call_for_each_replica(strategy, devices, fn, args, kwargs, make_creator,
       else:
         loop.start(threads[:1])
         results = copies.drive(loop)
-        if results is _STOPPED_COPYING:
-          # Replica 0 waits where the others now are.
-          results = loop.drive(resume=False)
     loop.finished = True
     return results
   finally:
@@ -137,13 +126,11 @@ class _Loop(object):
       if t.exc_info is not None:
         raise t.exc_info[1].with_traceback(t.exc_info[2])
 
-  def drive(self, resume=True):
+  def drive(self):
     """The per-replica loop, every thread started; returns the results."""
     threads = self.threads
     while True:
-      if resume:
-        self.step()
-      resume = True
+      self.step()
       if all(t.done for t in threads):
         break
       if any(t.done for t in threads):
@@ -201,7 +188,7 @@ def _op_name(op):
 class _Copies(object):
   """Replicas 1..N-1 as copies of replica 0 (mirrored_copies.py)."""
 
-  def __init__(self, strategy, graph, devices, threads, inputs, keep,
+  def __init__(self, graph, devices, threads, inputs, keep,
                mirrored_variables):
     self.graph = graph
     self.devices = devices
@@ -218,61 +205,19 @@ class _Copies(object):
     self.copier = mirrored_copies.ReplicaCopier(
         graph, devices, len(graph.get_operations()), replica_inputs)
     self.merge_ops = set()
-    self.reason = None
-    # For each replica, what each merge so far handed it.
-    self.shares = [[] for _ in devices]
     self.first_update = len(graph.get_collection(tf1.GraphKeys.UPDATE_OPS))
+    # Replica 0 raises where it asks its replica id (mirrored_run.py).
+    threads[0].copying = True
 
   def drive(self, loop):
-    """Runs replica 0 and copies it; the results, or `_STOPPED_COPYING`."""
+    """Runs replica 0 and copies it; returns every replica's results."""
     first = self.threads[0]
     while True:
       loop.step()
-      reason = self.reason
-      if reason is None and first.asked_replica_id:
-        reason = ('the replica function asked which replica it builds '
-                  '(replica_id_in_sync_group or devices)')
-      if reason is not None:
-        self._check_no_updates_before(reason)
-        mirrored_copies.warn_not_cloned(reason)
-        self._call_the_others(loop)
-        return _STOPPED_COPYING
       self.copier.map_mirrored(self.mirrored_variables())
       if first.done:
         return self._results()
       self._merge(loop, first)
-
-  def _check_no_updates_before(self, reason):
-    """Raises if a merge already answered wrote variables.
-
-    The other replicas would then be called after the fact: their merges
-    hand back what the copies' merge returned, so their own reads before
-    it are ordered before no update and race it within a step (a loss
-    fetched with the train op would read old or new weights at random).
-
-    Raises:
-      InvalidArgumentError: naming the reason and the fix.
-    """
-    writes = sorted(op.name for op in self.merge_ops
-                    if _WRITE_OP.match(op.type))
-    if not writes:
-      return
-    raise errors.InvalidArgumentError(
-        'replicate.MirroredStrategy copies replica 0 onto the other '
-        'replicas, but after a merge_call that updated variables ({}{}) {}, '
-        'so copies cannot be shown right and the other replicas cannot be '
-        'called after the update. Pass replica_build=replicate.ReplicaBuild.'
-        'CALL_PER_REPLICA to MirroredStrategy, or ask before the first '
-        'merge_call.'.format(', '.join(writes[:3]),
-                             ', ...' if len(writes) > 3 else '', reason))
-
-  def _call_the_others(self, loop):
-    """Starts replicas 1..N-1, each catching up with replica 0's merges."""
-    others = self.threads[1:]
-    for t, shares in zip(others, self.shares[1:]):
-      t.replay = list(shares)
-    loop.start(others)
-    loop.step(others)
 
   def _merge(self, loop, first):
     copier = self.copier
@@ -297,11 +242,8 @@ class _Copies(object):
     shares = [mirrored_run.select_replica(d, result, self.keep)
               for d in self.devices]
     for i in range(1, count):
-      reason = mirrored_copies.map_shares(copier, i, shares[0], shares[i])
-      if reason is not None and self.reason is None:
-        self.reason = reason
-    for i, share in enumerate(shares):
-      self.shares[i].append(share)
+      mirrored_copies.POLICY.check(
+          mirrored_copies.map_shares(copier, i, shares[0], shares[i]))
     first.merge_result = shares[0]
 
   def _results(self):

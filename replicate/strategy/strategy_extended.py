@@ -62,7 +62,7 @@ def require_cross_replica_or_default_context(extended, method):
       'replica (replica {}). Call it from a merge function: '
       'get_replica_context().merge_call(fn) runs fn(strategy, ...) in the '
       'cross-replica context.'.format(
-          method, context.replica_context.replica_id_in_sync_group))
+          method, context.replica_context._replica_id_in_sync_group))
 
 
 def require_replica_context(replica_ctx, method=None):
@@ -100,9 +100,9 @@ def require_replica_context(replica_ctx, method=None):
       '{} was called on a replica context that is not the current one '
       '(current: replica {} of {}, called on: replica {} of {}). '
       'Use get_replica_context() for the current one.'.format(
-          what, context.replica_context.replica_id_in_sync_group,
+          what, context.replica_context._replica_id_in_sync_group,
           describe_strategy(context.strategy),
-          replica_ctx.replica_id_in_sync_group,
+          replica_ctx._replica_id_in_sync_group,
           describe_strategy(replica_ctx.strategy)))
 
 
@@ -137,7 +137,7 @@ class StrategyExtended(object):
           'Strategy.scope() was entered inside a replica (replica {}) of the '
           'same strategy; scopes are cross-replica. Enter the scope before '
           'call_for_each_replica, not inside it.'.format(
-              context.replica_context.replica_id_in_sync_group))
+              context.replica_context._replica_id_in_sync_group))
     with distribute_context.push_cross_replica(strategy):
       with self._scope_extras():
         yield strategy  # `with strategy.scope() as s` gives it, as in TF.

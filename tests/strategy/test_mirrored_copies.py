@@ -1,7 +1,6 @@
-"""ReplicaBuild.CLONE: MirroredStrategy replicas 1..3 as copies of replica 0
-(strategy/mirrored_copies.py, strategy/replica_loop.py)."""
-from unittest import mock
-
+"""ReplicaBuild.CLONE (opt-in): MirroredStrategy replicas 1..3 as copies of
+replica 0, or an error saying why not (strategy/mirrored_copies.py,
+strategy/replica_loop.py)."""
 from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
@@ -10,17 +9,15 @@ import replicate
 from replicate import errors
 from replicate import testing
 from replicate._compat import tf1
-from replicate.core import logs
 from replicate.cross_tower import values
-from replicate.strategy.mirrored_copies import ReplicaBuild
 
 NUM = 4
 DEVICES = testing.virtual_cpu_devices(NUM)
 CONFIG = testing.virtual_cpu_config(NUM)
 GLOBAL = 8  # rows per step; 2 per replica
 STEPS = 3
-CLONE = ReplicaBuild.CLONE
-PER_REPLICA = ReplicaBuild.CALL_PER_REPLICA
+CLONE = replicate.ReplicaBuild.CLONE
+PER_REPLICA = replicate.ReplicaBuild.CALL_PER_REPLICA
 # Every row distinct (replica i reads rows 2i, 2i+1 of each batch), and so
 # is every initial weight: a copy reading another replica's rows or another
 # layer's variable changes the numbers.
@@ -118,9 +115,7 @@ class ReplicaCopiesTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.product(kind=['plain', 'two_merges'],
                          optimizer_name=['sgd', 'momentum'])
   def test_copies_equal_calls_and_one_device(self, kind, optimizer_name):
-    with mock.patch.object(logs, 'log_first_n') as log:
-      cloned, cloned_weights, cloned_ops = _train(CLONE, kind, optimizer_name)
-    log.assert_not_called()
+    cloned, cloned_weights, cloned_ops = _train(CLONE, kind, optimizer_name)
     called, called_weights, called_ops = _train(PER_REPLICA, kind,
                                                 optimizer_name)
     single, single_weights, _ = _train(None, kind, optimizer_name)
@@ -147,34 +142,38 @@ class ReplicaCopiesTest(tf.test.TestCase, parameterized.TestCase):
     # call builds some ops no result needs, which are not copied).
     self.assertBetween(cloned_ops, 0.8 * called_ops, 1.02 * called_ops)
 
-  def test_asking_the_replica_id_after_an_update_is_an_error(self):
-    # The other replicas would be called after the optimizer's merge was
-    # built from the copies: their forward reads would race the update.
+  @parameterized.parameters('id_first', 'id_late')
+  def test_asking_the_replica_id_is_an_error(self, kind):
+    # Copies would build what replica 0 built; the ask raises where it is
+    # made, before (id_first) or after (id_late) the optimizer's merge.
     with self.assertRaisesRegex(
         errors.InvalidArgumentError,
-        r'after a merge_call that updated variables \(.*asked which replica'
-        r'.*CALL_PER_REPLICA'):
-      _train(CLONE, 'id_late', 'momentum')
-
-  def test_asking_the_replica_id_first_falls_back_to_calls(self):
-    kind = 'id_first'
-    with mock.patch.object(logs, 'log_first_n') as log:
-      cloned, cloned_weights, _ = _train(CLONE, kind, 'momentum')
-    self.assertEqual(1, log.call_count)
-    self.assertIn('asked which replica it builds', log.call_args[0][-1])
-    called, called_weights, _ = _train(PER_REPLICA, kind, 'momentum')
+        r'ReplicaBuild.CLONE\) copies replica 0 onto the other replicas, '
+        r'but the replica function asked which replica it builds '
+        r'\(replica_id_in_sync_group\).*replica_build=replicate.ReplicaBuild'
+        r'.CALL_PER_REPLICA \(the default\)'):
+      _train(CLONE, kind, 'momentum')
+    # The default calls the function per replica: the same weights as one
+    # device.
+    _, called_weights, _ = _train(PER_REPLICA, kind, 'momentum')
     _, single_weights, _ = _train(None, kind, 'momentum')
-    for name, value in called_weights.items():
-      self.assertAllClose(value, cloned_weights[name], rtol=1e-6)
-      self.assertAllClose(single_weights[name], cloned_weights[name],
-                          rtol=1e-5, atol=1e-6)
-    for step in range(STEPS):
-      self.assertAllClose(called[step]['loss'], cloned[step]['loss'])
+    for name, value in single_weights.items():
+      self.assertAllClose(value, called_weights[name], rtol=1e-5, atol=1e-6)
 
-  def test_merge_handing_out_python_values_falls_back(self):
+  def test_asking_the_devices_is_an_error(self):
+    def fn():
+      return tf.constant(float(len(replicate.get_replica_context().devices)))
+
+    with tf.Graph().as_default():
+      strategy = replicate.MirroredStrategy(DEVICES, replica_build=CLONE)
+      with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                  r'asked which replica it builds \(devices'):
+        strategy.run(fn)
+
+  def test_merge_handing_out_python_values_is_an_error(self):
     # The merge hands replica i the Python number i + 1; the function
     # scales its value by it after the merge. Copies cannot follow: replica
-    # i must be called. Expected: replica i returns 10 * (i + 1).
+    # i must be called. Expected with calls: replica i returns 10 * (i + 1).
     def fn():
       def merge_fn(strategy):
         del strategy
@@ -182,18 +181,41 @@ class ReplicaCopiesTest(tf.test.TestCase, parameterized.TestCase):
       factor = replicate.get_replica_context().merge_call(merge_fn)
       return tf.constant(10.0) * factor
 
-    got = {}
-    for build in (CLONE, PER_REPLICA):
-      with tf.Graph().as_default():
-        strategy = replicate.MirroredStrategy(DEVICES, replica_build=build)
-        with mock.patch.object(logs, 'log_first_n') as log:
-          result = strategy.run(fn)
-        with tf1.Session(config=CONFIG) as sess:
-          got[build] = sess.run(list(
-              strategy.experimental_local_results(result)))
-      self.assertEqual(1 if build == CLONE else 0, log.call_count)
-    self.assertAllClose([10., 20., 30., 40.], got[CLONE])
-    self.assertAllClose(got[PER_REPLICA], got[CLONE])
+    with tf.Graph().as_default():
+      strategy = replicate.MirroredStrategy(DEVICES, replica_build=CLONE)
+      with self.assertRaisesRegex(
+          errors.InvalidArgumentError,
+          r'but a merge_call handed the replicas values that differ other '
+          r'than as tensors of one shape \(1 and 2\).*CALL_PER_REPLICA'):
+        strategy.run(fn)
+    with tf.Graph().as_default():
+      strategy = replicate.MirroredStrategy(DEVICES)
+      result = strategy.run(fn)
+      with tf1.Session(config=CONFIG) as sess:
+        self.assertAllClose([10., 20., 30., 40.], sess.run(list(
+            strategy.experimental_local_results(result))))
+
+  def test_building_inside_a_graph_function_is_an_error(self):
+    # Known before anything is built: replica 0 is not called.
+    calls = []
+
+    def fn():
+      calls.append(1)
+      return tf.constant(1.0)
+
+    with tf.Graph().as_default():
+      strategy = replicate.MirroredStrategy(DEVICES, replica_build=CLONE)
+
+      @tf.function(autograph=False)  # TF 1.15's would wrap the error.
+      def step():
+        return strategy.run(fn)
+
+      with self.assertRaisesRegex(
+          errors.InvalidArgumentError,
+          r'but the replicas are built inside a graph function or loop '
+          r'body.*CALL_PER_REPLICA'):
+        step.get_concrete_function()
+    self.assertEqual([], calls)
 
   def test_variable_created_after_a_merge(self):
     # After an all-reduce of [1, 2, 3, 4] (sum 10), each replica creates
@@ -213,9 +235,7 @@ class ReplicaCopiesTest(tf.test.TestCase, parameterized.TestCase):
         with strategy.scope():
           x = values.PerReplica({d: tf.constant([[float(i)]])
                                  for i, d in enumerate(DEVICES)})
-          with mock.patch.object(logs, 'log_first_n') as log:
-            result = strategy.run(fn, args=(x,))
-        log.assert_not_called()
+          result = strategy.run(fn, args=(x,))
         with tf1.Session(config=CONFIG) as sess:
           sess.run(tf1.global_variables_initializer())
           v, = tf1.global_variables()
@@ -228,7 +248,7 @@ class ReplicaCopiesTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_copies_are_named_and_placed_per_replica(self):
     with tf.Graph().as_default() as graph:
-      strategy = replicate.MirroredStrategy(DEVICES)
+      strategy = replicate.MirroredStrategy(DEVICES, replica_build=CLONE)
       with strategy.scope():
         w = tf1.get_variable('w', initializer=[[1.0, 2.0]])
 
