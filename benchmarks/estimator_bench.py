@@ -68,7 +68,7 @@ CONFIGS = ('single', 'replicate', 'contrib', 'replicate@build=per_tower',
            'replicate@pack=0', 'replicate@fuse=off', 'replicate@copy=concat',
            'replicate@compress=fp16', 'replicate@placement=replicated',
            'tf_mirrored', 'replicate_mirrored', 'replicate_mirrored@fuse=off',
-           'replicate_mirrored@matmul=tf', 'tf_mirrored_loop', 'independent')
+           'tf_mirrored_loop', 'independent')
 MODELS = ('wide', 'deep')
 # The configurations the issue's targets compare (run_all.py's TARGETS). A
 # full run gives them TARGET_ROUNDS rounds and the other rows `rounds`: their
@@ -85,8 +85,6 @@ CONFIG_LABELS = {
     'replicate_mirrored': 'replicate.MirroredStrategy (session loop)',
     'replicate_mirrored@fuse=off': 'replicate.MirroredStrategy (session '
                                    'loop), MatMul fusion off (A/B)',
-    'replicate_mirrored@matmul=tf': 'replicate.MirroredStrategy (session '
-                                    "loop), TF's MatMul input gradient (A/B)",
     'tf_mirrored_loop': 'tf.distribute.MirroredStrategy (session loop)',
     'replicate@build=per_tower': 'replicate.replicate_model_fn, model_fn '
                                  'per tower (A/B)',
@@ -252,9 +250,7 @@ def _apply_aggregation_variant(variant):
   (`small=<bytes>`: beyond `small` bytes);
   `fuse=off` sums MatMul gradients instead of fusing them (`fuse=<bytes>`:
   the smallest fused gradient); `copy=concat` builds every pack with TF's
-  `ConcatV2` instead of a one-thread copy on CPUs; `matmul=tf` builds every
-  `MatMul` input gradient by TF's formula (no CPU rewrite of
-  matmul_gradient.py).
+  `ConcatV2` instead of a one-thread copy on CPUs.
   """
   import replicate  # pylint: disable=g-import-not-at-top
   from replicate.core import tuning  # pylint: disable=g-import-not-at-top
@@ -270,8 +266,6 @@ def _apply_aggregation_variant(variant):
   if name in fields:
     field, parse = fields[name]
     tuning.set_tuning(tuning.get_tuning().replace(**{field: parse(value)}))
-  elif name == 'matmul' and value == 'tf':
-    tuning.set_tuning(tuning.get_tuning().replace(matmul_min_elements=None))
   elif name == 'copy' and value == 'concat':
     tuning.set_tuning(tuning.get_tuning().replace(stitch_on_cpus=False))
   elif name == 'gate' and value == 'none':

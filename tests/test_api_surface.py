@@ -252,6 +252,15 @@ class ApiSurfaceTest(tf.test.TestCase, parameterized.TestCase):
     self.assertLen(replicate.__all__, len(set(replicate.__all__)))
     self.assertRegex(replicate.__version__, r'^\d+\.\d+\.\d+')
 
+  def test_tuning_fields(self):
+    # The knobs users may set. `matmul_min_elements` went with the CPU
+    # MatMul gradient override (its graphs needed `import replicate`).
+    self.assertEqual(
+        ('pack_max_bytes', 'pack_max_group', 'pack_small_bytes',
+         'read_pack_max_bytes', 'fuse_min_bytes', 'one_thread_bytes',
+         'pack_size_sources', 'stitch_on_cpus'),
+        replicate.Tuning._fields)
+
 
 class ExceptionTypesTest(tf.test.TestCase):
   """Where the originals raise ValueError, so do we."""

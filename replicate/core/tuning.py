@@ -1,10 +1,10 @@
 """`Tuning`: the library's performance knobs, in one immutable object.
 
-Every size threshold of the packing, fusion and CPU-gradient rewrites is a
-field here, with its default. The library reads the current `Tuning` when it
-builds a graph; users and benchmarks change it only through `set_tuning` or
-the `tuning_scope` context manager, never by patching module globals. Why
-each default is what it is: docs/performance.md.
+Every size threshold of the packing and fusion rewrites is a field here,
+with its default. The library reads the current `Tuning` when it builds a
+graph; users and benchmarks change it only through `set_tuning` or the
+`tuning_scope` context manager, never by patching module globals. Why each
+default is what it is: docs/performance.md.
 """
 import collections
 import contextlib
@@ -33,9 +33,6 @@ _FIELDS = collections.OrderedDict([
     ('pack_size_sources', 4),
     # Packs on CPU devices are copied by one thread (a DynamicStitch).
     ('stitch_on_cpus', True),
-    # CPU towers build the input gradient of a MatMul whose weight has at
-    # least this many elements transpose-free (None: never).
-    ('matmul_min_elements', 1 << 16),
 ])
 
 
@@ -60,8 +57,6 @@ class Tuning(collections.namedtuple('Tuning', list(_FIELDS))):
       over every tower (packs shrink and multiply as towers grow: O(N^2)
       concatenations for N towers).
     stitch_on_cpus: whether large packs on CPUs are copied by one thread.
-    matmul_min_elements: smallest MatMul weight whose input gradient CPU
-      towers build transpose-free (None: never).
   """
   __slots__ = ()
 
@@ -88,7 +83,7 @@ class Tuning(collections.namedtuple('Tuning', list(_FIELDS))):
     return Tuning(**dict(self._asdict(), **kwargs))
 
 
-_NULLABLE = ('fuse_min_bytes', 'matmul_min_elements', 'pack_size_sources')
+_NULLABLE = ('fuse_min_bytes', 'pack_size_sources')
 
 
 def _check_field(name, value):

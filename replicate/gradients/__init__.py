@@ -2,10 +2,10 @@
 
 Holds per-variable GATE_OP gating (`gradient_gating`), the packed and fused
 gradient sums over devices (`gradient_aggregation`), packed variable reads
-(`read_packing`), the transpose-free CPU MatMul input gradient
-(`matmul_gradient`) and gradient accumulation (`accumulation`). Functions
-here take per-device lists and graphs; they know nothing of towers or
-strategies.
+(`read_packing`) and gradient accumulation (`accumulation`). Functions here
+take per-device lists and graphs; they know nothing of towers or strategies.
+Gradients themselves are TF's own: nothing here registers a gradient or
+marks an op with an override.
 
 May import: `replicate.core` (and errors, _compat). Never `cross_tower`,
 `towers`, `strategy` or `cluster`.

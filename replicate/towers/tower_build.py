@@ -15,7 +15,6 @@ from replicate._compat import EstimatorSpec
 from replicate._compat import fn_args
 from replicate._compat import ModeKeys
 from replicate._compat import tf1
-from replicate.gradients import matmul_gradient
 from replicate.towers import batch_split
 from replicate.towers import device_setter
 from replicate.towers import output_copies
@@ -107,9 +106,7 @@ def build(model_fn, features, labels, mode, params, config, placement,
         with _tower_scopes(replication, tower_id), tower_context.tower_scope(
             replication, tower), collections.tower(tower_id), tf1.device(
                 device_setter.tower_device_setter(
-                    device, choose_parameter_device, requested_devices)), (
-                        matmul_gradient.cpu_tower_gradients(
-                            graph, device, enabled=mode == ModeKeys.TRAIN)):
+                    device, choose_parameter_device, requested_devices)):
           spec = call_model_fn(model_fn, feature_shards[tower_id],
                                label_shards[tower_id], mode, params, config)
           check_tower(spec, tower, replication, trainable_before,

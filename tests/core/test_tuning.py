@@ -41,6 +41,11 @@ class TuningTest(parameterized.TestCase, tf.test.TestCase):
        'Tuning.pack_max_bytes must be an int'),
       ('stitch_not_bool', dict(stitch_on_cpus=1), errors.InvalidTypeError,
        'Tuning.stitch_on_cpus must be a bool, got 1'),
+      # The CPU MatMul gradient override and its threshold are gone (an
+      # override left an attribute only `import replicate` could resolve).
+      ('removed_matmul_field', dict(matmul_min_elements=None),
+       errors.InvalidArgumentError,
+       r"Unknown Tuning field\(s\) \['matmul_min_elements'\]"),
   )
   def test_bad_fields(self, kwargs, error, message):
     with self.assertRaisesRegex(error, message):
