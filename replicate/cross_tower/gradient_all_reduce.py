@@ -6,7 +6,14 @@ they are all-reduced, and every tower receives the sum on its own device.
 The reduction is one `CrossTowerOps.batch_reduce` over all variables, so a
 `CrossTowerOps` may pack or fuse them (NCCL, hierarchical copy, collective
 ops across workers, or reduction to one device on CPUs).
+
+A dense gradient has its variable's shape, but a copy of a gradient from
+inside a while loop (e.g. an LSTM's) may have lost it: it gets the
+variable's static shape back, so that every tower's gradient of a variable
+is grouped, packed and reduced alike.
 """
+import tensorflow as tf
+
 from replicate import errors
 from replicate.core.reduce_util import ReduceOp
 from replicate.cross_tower import values as values_lib
@@ -55,6 +62,8 @@ def all_reduce_gradients(tower_grads_and_vars, devices, cross_tower_ops):
           'every tower must compute the same gradients.'.format(
               first_pair[1].op.name,
               ['None' if g is None else 'tensor' for g in grads]))
+    grads = [_with_shape_of(pairs[index][1], grad)
+             for pairs, grad in zip(tower_grads_and_vars, grads)]
     reduced_at.append(index)
     value_destination_pairs.append(
         (values_lib.PerDevice(dict(zip(devices, grads))), list(devices)))
@@ -70,3 +79,15 @@ def all_reduce_gradients(tower_grads_and_vars, devices, cross_tower_ops):
         for index, (_, var) in enumerate(pairs)
     ])
   return result
+
+
+def _with_shape_of(variable, grad):
+  """`grad` with the static shape of its `variable` when it is dense.
+
+  A shape that contradicts the variable's is left for the optimizer to
+  reject, as on one device.
+  """
+  if (not isinstance(grad, tf.IndexedSlices) and
+      grad.shape.is_compatible_with(variable.shape)):
+    grad.set_shape(variable.shape)
+  return grad

@@ -88,8 +88,11 @@ def _group_key(value, destinations, device, max_bytes):
   if key is None:
     return None
   first = tensors[0]
-  if any(t.dtype != first.dtype or t.shape != first.shape
-         for t in tensors[1:]):
+  shape = first.shape.as_list()
+  # An entry of unknown shape (e.g. copied from a while loop) is not packed:
+  # `!=` of TensorShapes of unknown rank raises in TF 1.15.
+  if any(t.dtype != first.dtype or not t.shape.is_fully_defined() or
+         t.shape.as_list() != shape for t in tensors[1:]):
     return None
   return tuple(value.devices), tuple(destinations), key
 

@@ -189,6 +189,31 @@ class PackedBatchReduceTest(parameterized.TestCase, tf.test.TestCase):
     for w, g in zip(want, got):
       self.assertAllEqual(w, g)
 
+  def test_an_entry_of_unknown_shape_is_reduced_alone(self):
+    # A copy of a gradient from a while loop may have lost its static shape
+    # on one device: that value is reduced alone (no error), the others pack.
+    rng = np.random.RandomState(4)
+    arrays = [[rng.randint(-8, 8, size=(2, 2)).astype(np.float32)
+               for _ in _DEVICES] for _ in range(3)]
+    graph = tf.Graph()
+    with graph.as_default():
+      pairs = [(_per_device(a), _DESTINATIONS) for a in arrays]
+      with tf.device(_DEVICES[1]):
+        unknown = tf1.placeholder_with_default(arrays[1][1], shape=None)
+      tensors = list(pairs[1][0].values)
+      tensors[1] = unknown
+      pairs[1] = (values.PerDevice(dict(zip(_DEVICES, tensors))),
+                  _DESTINATIONS)
+      results = replicate.ReductionToOneDeviceCrossTowerOps().batch_reduce(
+          ReduceOp.SUM, pairs)
+      with _session() as sess:
+        got = sess.run([r.values[0] for r in results])
+    # Values 0 and 2 in one pack (one add_n), value 1 alone (one add_n).
+    self.assertEqual(2, _count(graph, 'AddN'))
+    self.assertEqual(len(_DEVICES), _count(graph, 'ConcatV2'))
+    for want, g in zip(arrays, got):
+      self.assertAllEqual(np.sum(want, axis=0), g)
+
 
 if __name__ == '__main__':
   tf.test.main()
