@@ -274,8 +274,8 @@ class TowerOptimizer(tf1.train.Optimizer):
 
     The applying tower sums each variable's gradients across towers on the
     variable's device and applies the sums with the wrapped optimizer, under
-    the first tower's scopes (so that slot variables and ops get the names of
-    the unreplicated model); the other towers only record their gradients
+    the scopes of tower 0's call (so that slots and ops get the names of the
+    unreplicated model); the other towers only record their gradients
     and return a `no_op` that depends on them. When the towers are copies of
     tower 0 (`TowerBuild.CLONE`), tower 0's call first copies its gradients
     onto the other towers and applies; otherwise the last tower applies.
@@ -311,8 +311,10 @@ class TowerOptimizer(tf1.train.Optimizer):
     grads_and_vars = list(grads_and_vars)
     if replication.num_towers == 1:
       # One tower of several workers (REPLICATED): all-reduce, then apply.
-      return self._apply_sums(replication, optimizer, [grads_and_vars],
-                              global_step, name)
+      _check_replicable(optimizer)
+      return self._apply_replicated(replication.replicated, optimizer,
+                                    [grads_and_vars], global_step, name,
+                                    replication)
     call_index = replication.record_optimizer_call(optimizer.get_name(),
                                                    grads_and_vars)
     if replication.cloner is not None:
@@ -324,8 +326,7 @@ class TowerOptimizer(tf1.train.Optimizer):
       replication.record_returned_op(call_index, recorded)
       return recorded
     if replication.tower.tower_id == tower_collections.UPDATE_TOWER_ID:
-      return self._apply_sums(replication, optimizer,
-                              replication.gradients_of_call(call_index),
+      return self._apply_sums(replication, optimizer, call_index,
                               global_step, name)
     # The last tower applies for every tower, but only tower 0's update ops
     # may run (see tower_collections.py): instead of what this call is made
@@ -335,36 +336,31 @@ class TowerOptimizer(tf1.train.Optimizer):
         tower_collections.UPDATE_TOWER_ID, call_index)
     with tf1.control_dependencies(None), tf1.control_dependencies(
         [first_tower_call]):
-      return self._apply_sums(replication, optimizer,
-                              replication.gradients_of_call(call_index),
+      return self._apply_sums(replication, optimizer, call_index,
                               global_step, name)
 
-  def _apply_sums(self, replication, optimizer, tower_grads, global_step,
+  def _apply_sums(self, replication, optimizer, call_index, global_step,
                   name):
-    """Sums every tower's gradients of one call and applies them.
+    """Sums every tower's gradients of call `call_index` and applies them.
 
-    Under `VariablePlacement.REPLICATED` the sums are all-reduced onto every
+    Built under the scopes of tower 0's call, where one device builds it
+    (so that the optimizer's variables get one device's names). Under
+    `VariablePlacement.REPLICATED` the sums are all-reduced onto every
     tower, and one `apply_gradients` updates every tower's copies.
     """
     replicated = replication.replicated
     if replicated is not None:
       _check_replicable(optimizer)
-    if replication.first_tower_scopes is None:
-      # One tower (of several workers): built in the caller's scopes.
-      return self._apply_replicated(replicated, optimizer, tower_grads,
-                                    global_step, name, replication)
-    var_scope, name_scope = replication.first_tower_scopes
+    tower_grads = replication.gradients_of_call(call_index)
 
     def apply():
-      with tf1.variable_scope(var_scope, auxiliary_name_scope=False):
-        with tf1.name_scope(name_scope):
-          if replicated is not None:
-            return self._apply_replicated(replicated, optimizer, tower_grads,
-                                          global_step, name, replication)
-          with tf1.name_scope('gradient_aggregation'):
-            summed = self._sum(tower_grads, replication.raw_gradients)
-          return self._apply(optimizer, summed, global_step, name,
-                             replication)
+      with replication.first_tower_call_scopes(call_index):
+        if replicated is not None:
+          return self._apply_replicated(replicated, optimizer, tower_grads,
+                                        global_step, name, replication)
+        with tf1.name_scope('gradient_aggregation'):
+          summed = self._sum(tower_grads, replication.raw_gradients)
+        return self._apply(optimizer, summed, global_step, name, replication)
 
     if replication.cloner is None:
       return apply()

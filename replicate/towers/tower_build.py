@@ -103,7 +103,7 @@ def build(model_fn, features, labels, mode, params, config, placement,
             tf1.GraphKeys.METRIC_VARIABLES))
         requested_devices = (
             cloner.requested_devices if cloner and tower_id == 0 else None)
-        with _tower_scopes(replication, tower_id), tower_context.tower_scope(
+        with _tower_scopes(tower_id), tower_context.tower_scope(
             replication, tower), collections.tower(tower_id), tf1.device(
                 device_setter.tower_device_setter(
                     device, choose_parameter_device, requested_devices)):
@@ -193,23 +193,20 @@ def _ids(items):
 
 
 @contextlib.contextmanager
-def _tower_scopes(replication, tower_id):
+def _tower_scopes(tower_id):
   """Variable and name scopes of one tower (tower 0: the caller's own).
 
   Towers after the first reuse tower 0's variables and build under
-  `tower_<i>`; tower 0's scopes are recorded so that the gradients can be
-  applied under them (unprefixed names, like the unreplicated model).
+  `tower_<i>`; the gradients are applied under the scopes of tower 0's
+  optimizer call (`Replication.first_tower_call_scopes`).
   """
   with tf1.variable_scope(tf1.get_variable_scope(),
                           reuse=True if tower_id else None,
-                          auxiliary_name_scope=False) as var_scope:
+                          auxiliary_name_scope=False):
     if tower_id:
       with tf1.name_scope('tower_{}'.format(tower_id)):
         yield
     else:
-      name_scope = tf1.get_default_graph().get_name_scope()
-      replication.first_tower_scopes = (
-          var_scope, name_scope + '/' if name_scope else '')
       yield
 
 

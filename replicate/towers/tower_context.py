@@ -8,8 +8,8 @@ two objects describe what is going on:
   many, on which device. `get_tower_context()` returns it inside `model_fn`
   and `None` elsewhere, so a `model_fn` can, e.g., log only from tower 0.
 * `Replication` (private): what the towers share while they are built --
-  the loss reduction, the scopes of the first tower, and the gradients each
-  `TowerOptimizer` call collected. `TowerOptimizer` reads it.
+  the loss reduction, and the gradients each `TowerOptimizer` call collected
+  with the scopes it was made under. `TowerOptimizer` reads it.
 
 Both live on a thread-local stack that is pushed and popped in `try/finally`,
 never in graph collections, so nothing is left behind in the graph (or in an
@@ -76,16 +76,19 @@ class _OptimizerCall(object):
   Attributes:
     optimizer_name: the wrapped optimizer's name.
     grads_and_vars: the `(gradient, variable)` pairs the call was given.
+    scopes: `(variable_scope, name_scope_string)` the call was made under;
+      None for a call copied from tower 0's.
     returned_op: the op the call returned in a tower that does not apply
       (waiting for the gradients and for whatever the call was made under),
       else None.
   """
 
-  __slots__ = ('optimizer_name', 'grads_and_vars', 'returned_op')
+  __slots__ = ('optimizer_name', 'grads_and_vars', 'scopes', 'returned_op')
 
-  def __init__(self, optimizer_name, grads_and_vars):
+  def __init__(self, optimizer_name, grads_and_vars, scopes):
     self.optimizer_name = optimizer_name
     self.grads_and_vars = grads_and_vars
+    self.scopes = scopes
     self.returned_op = None
 
 
@@ -97,7 +100,6 @@ class Replication(object):
     num_towers: number of towers.
     loss_reduction: a `tf.compat.v1.losses.Reduction`.
     tower: the `TowerContext` being built, or `None` between towers.
-    first_tower_scopes: `(variable_scope, name_scope_string)` of tower 0.
     cloner: a `tower_copier.TowerCloner` while tower 0 is being built and
       may be copied onto the other towers, else `None`.
     towers_cloned: whether towers 1..N-1 are copies of tower 0 (then tower 0
@@ -119,7 +121,6 @@ class Replication(object):
     self.loss_reduction = loss_reduction
     self.replicated = replicated
     self.tower = None
-    self.first_tower_scopes = None
     self.cloner = None
     self.towers_cloned = False
     self.tower_context_requested = False
@@ -155,6 +156,9 @@ class Replication(object):
                             tower_id=None):
     """Records one `apply_gradients` call of a tower.
 
+    For the tower being built, the variable and name scopes the call is
+    made under are recorded too (see `first_tower_call_scopes`).
+
     Args:
       optimizer_name: the wrapped optimizer's name, to explain mismatches.
       grads_and_vars: the list of `(gradient, variable)` pairs it was given.
@@ -168,13 +172,18 @@ class Replication(object):
       InvalidArgumentError: if a tower after the first makes more calls than
         tower 0 (which is always built first).
     """
+    scopes = None
     if tower_id is None:
       tower_id = self.tower.tower_id
+      name_scope = self.graph.get_name_scope()
+      scopes = (tf1.get_variable_scope(),
+                name_scope + '/' if name_scope else '')
     calls = self._calls[tower_id]
     if tower_id and len(calls) >= len(self._calls[0]):
       raise errors.InvalidArgumentError(_more_calls_message(
           0, len(self._calls[0]), tower_id, len(calls)))
-    calls.append(_OptimizerCall(optimizer_name, list(grads_and_vars)))
+    calls.append(_OptimizerCall(optimizer_name, list(grads_and_vars),
+                                scopes))
     return len(calls) - 1
 
   def record_raw_gradients(self, raw_gradients):
@@ -198,6 +207,22 @@ class Replication(object):
     """`(optimizer_name, grads_and_vars)` of one recorded call."""
     call = self._calls[tower_id][call_index]
     return call.optimizer_name, call.grads_and_vars
+
+  @contextlib.contextmanager
+  def first_tower_call_scopes(self, call_index):
+    """Re-enters the scopes of tower 0's optimizer call `call_index`.
+
+    The one update of the step is built where the unreplicated model's
+    `apply_gradients` would be, whichever tower applies: so the variables
+    the optimizer creates (slots, Adam's beta powers, the save names of
+    partitioned variables' slots) get exactly one device's names, e.g.
+    `model/model/dense/kernel/Momentum` for a `minimize` inside
+    `variable_scope('model')`.
+    """
+    var_scope, name_scope = self._calls[0][call_index].scopes
+    with tf1.variable_scope(var_scope, auxiliary_name_scope=False):
+      with tf1.name_scope(name_scope):
+        yield
 
   def record_returned_op(self, call_index, op):
     """Records what the current tower's call `call_index` returned."""
