@@ -114,14 +114,17 @@ def replicate_model_fn(model_fn,
       is empty or repeats a device, `variable_placement` or `tower_build` is
       unknown, `ps_strategy` comes with `ROUND_ROBIN` or `REPLICATED`,
       `REPLICATED` with `CALL_PER_TOWER`, or `cross_tower_ops` without
-      `REPLICATED`. When the model is
-      built: `PARAMETER_SERVERS` or `ps_strategy` without a `ps` job in the
-      cluster, `ROUND_ROBIN` with one, devices naming a job or task the
-      cluster does not have (see `replicate.cluster.placement.placement`), a device the
-      session lacks; and a `model_fn` whose towers would differ: trainable
-      variables made anew by a tower built by its own `model_fn` call (not
-      through `tf.compat.v1.get_variable`), a `train_op` without
-      `TowerOptimizer`, different optimizer calls or metrics.
+      `REPLICATED`. When the model is built: `PARAMETER_SERVERS` or
+      `ps_strategy` without a `ps` job in the cluster, `ROUND_ROBIN` with
+      one, devices naming a job or task the cluster does not have (see
+      `replicate.cluster.placement.placement`), a device the session lacks
+      where `session_config` does not allow soft placement (with soft
+      placement, as the Estimator's default session config has, one WARNING
+      says where its tower runs); and a `model_fn` whose towers would
+      differ: trainable variables made anew by a tower built by its own
+      `model_fn` call (not through `tf.compat.v1.get_variable`), a
+      `train_op` without `TowerOptimizer`, different optimizer calls or
+      metrics, or a metric whose state cannot be summed across towers.
     ContextError: when the model is built, if `model_fn` calls
       `get_tower_context()` after its towers were copied (see `tower_build`).
   """
@@ -166,6 +169,7 @@ def replicate_model_fn(model_fn,
   if devices is not None:
     devices = _canonical_devices(devices)
 
+  warned_missing_devices = set()  # warn once per replicate_model_fn
   def replicated_model_fn(features, labels, mode, params=None, config=None):
     """The replicated model_fn handed to the Estimator."""
     if building_saved_model():
@@ -175,7 +179,7 @@ def replicate_model_fn(model_fn,
     placement = cluster_placement.placement(config, mode, tower_devices,
                                   variable_placement, ps_strategy)
     if placement is None:
-      _check_devices_exist(tower_devices, config)
+      _check_devices_exist(tower_devices, config, warned_missing_devices)
       placement = cluster_placement.Placement(
           tower_devices,
           device_setter.parameter_device_chooser(variable_placement,
@@ -258,18 +262,15 @@ def _default_devices():
   return device_check.default_devices()
 
 
-def _check_devices_exist(devices, config):
-  """Fails loudly where soft placement would silently use another device.
+def _check_devices_exist(devices, config, warned):
+  """Checks the towers' devices against the session the Estimator will run.
 
-  Judged against the devices of the session the Estimator will run: its
-  `session_config`, which the Estimator sets to its default
-  (`allow_soft_placement: true`) when the user gave none. Only a
-  `session_config` of the user's own that asks for soft placement turns the
-  error into a WARNING (see `device_check.soft_placement_requested`).
+  That session's `session_config` is the Estimator's default
+  (`allow_soft_placement: true`) when the user gave none: a missing device
+  is then logged once per `replicate_model_fn` (`warned` keeps what was
+  logged) and its tower runs elsewhere; without soft placement it is an
+  error (see `device_check.check_devices_exist`).
   """
   if not isinstance(config, tf1.estimator.RunConfig):
     return  # Called outside an Estimator: the session is unknown.
-  session_config = config.session_config
-  device_check.check_devices_exist(
-      devices, session_config,
-      device_check.soft_placement_requested(config))
+  device_check.check_devices_exist(devices, config.session_config, warned)

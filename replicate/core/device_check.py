@@ -3,9 +3,10 @@
 Used by `replicate_model_fn` and `MirroredStrategy` alike: a device list is
 checked once (`check_device_list`: a list of parseable device strings, each
 device once, whatever its spelling), and local devices are checked against
-the devices a session will really have (`check_devices_exist`), because
-soft placement would otherwise run a tower on a device the session lacks
-silently somewhere else.
+the devices a session will really have (`check_devices_exist`): a tower on
+a device the session lacks is an error, or, where the session allows soft
+placement, runs elsewhere after one warning that says where, never
+silently.
 """
 from replicate import _compat
 from replicate import errors
@@ -114,47 +115,29 @@ def _session_gpu_count(session_config):
   return num
 
 
-def soft_placement_requested(run_config):
-  """Whether the user's own `RunConfig` asks for soft placement.
+def check_devices_exist(devices, session_config=None, warned=None):
+  """Checks every local device against the session's devices.
 
-  The Estimator puts its default session config (`allow_soft_placement:
-  true`) in place of a missing one before `model_fn` runs, and `RunConfig`
-  does the same in a cluster; neither is the user's wish. Only a
-  `session_config` the user passed, with `allow_soft_placement=True`, is.
-  (A user's config equal to the Estimator's default cannot be told apart
-  from it and counts as the default.)
-
-  Args:
-    run_config: the `RunConfig` passed to `model_fn`, or None.
-
-  Returns:
-    A bool.
-  """
-  session_config = getattr(run_config, 'session_config', None)
-  if session_config is None or not session_config.allow_soft_placement:
-    return False
-  return session_config not in _compat.estimator_default_session_configs(
-      run_config)
-
-
-def check_devices_exist(devices, session_config=None,
-                        soft_placement_requested=False):
-  """Raises unless every local device is one of the session's devices.
-
-  Devices of another job (`/job:worker/task:1/...`) are left to the cluster
-  checks (`replicate.cluster.cluster_check`).
+  A device the session lacks is an error unless the session allows soft
+  placement (`allow_soft_placement`, as the Estimator's default session
+  config does): TensorFlow then runs the ops of that device's tower on
+  another device, and the model trains as it would on the devices that
+  exist. That is logged once, as a WARNING naming the missing devices and
+  where their towers will run, so that it is never silent. Devices of
+  another job (`/job:worker/task:1/...`) are left to the cluster checks
+  (`replicate.cluster.cluster_check`).
 
   Args:
     devices: device strings in any spelling.
     session_config: the `ConfigProto` of the session that will run them
-      (None: TF's default session).
-    soft_placement_requested: the user asked for soft placement explicitly
-      (see `soft_placement_requested`): a missing device is then logged as
-      a WARNING each time a model is built, and TF places its ops elsewhere.
+      (None: TF's default session, without soft placement).
+    warned: a set the caller keeps to warn once: the missing devices already
+      warned about are added to it, and not warned about again. None: warn
+      on every call.
 
   Raises:
     InvalidArgumentError: naming the first missing device, the session's
-      devices and the fix.
+      devices and the fix, where soft placement is off.
   """
   local = [d for d in devices if device_util.is_local(d)]
   if not local:
@@ -164,56 +147,91 @@ def check_devices_exist(devices, session_config=None,
              if device_util.canonicalize(d) not in available]
   if not missing:
     return
+  if session_config is not None and session_config.allow_soft_placement:
+    key = tuple(device_util.canonicalize(d) for d in missing)
+    if warned is None or key not in warned:
+      if warned is not None:
+        warned.add(key)
+      logging.warning('%s', _soft_placement_message(missing, available))
+    return
   message = _missing_device_message(device_util.normalize(missing[0]),
-                                    available, session_config)
+                                    available)
   if len(missing) > 1:
     message += ' (Missing too: {}.)'.format(
         ', '.join(device_util.normalize(d) for d in missing[1:]))
-  if soft_placement_requested:
-    logging.warning(
-        '%s Soft placement was asked for in session_config, so TensorFlow '
-        'will place it elsewhere.', message)
-    return
   raise errors.InvalidArgumentError(message)
+
+
+def _fallback_device(available):
+  """Where soft placement puts the ops of a missing device.
+
+  TF's placer drops the missing device's type and index and takes the
+  session's device of highest priority that has a kernel for the op: the
+  first GPU if there is one, else the CPU.
+  """
+  gpus = [d for d in available if device_util.device_type_of(d) == 'GPU']
+  return _short(gpus[0]) if gpus else 'CPU:0'
+
+
+def _soft_placement_message(missing, available):
+  names = ', '.join(device_util.normalize(d) for d in missing)
+  return (
+      'Device(s) {} do not exist in this session ({}; its devices are {}). '
+      'session_config allows soft placement (the Estimator\'s default does), '
+      'so TensorFlow will run the towers of {} on {} (ops without a kernel '
+      'there on CPU:0): the results are the same, only the speed of '
+      'separate devices is lost. Pass devices that exist '
+      '(devices=None uses every visible GPU, else the CPU), or set '
+      'allow_soft_placement=False in session_config to make this an '
+      'error.'.format(names, _why_missing(missing[0], available),
+                      ', '.join(_short(d) for d in available), names,
+                      _fallback_device(available)))
 
 
 def _short(canonical):
   return canonical.split('/device:')[-1]
 
 
-def _missing_device_message(device, available, session_config):
+def _why_missing(device, available):
+  """Why the session lacks `device`: a clause such as 'no GPU is visible'."""
   device_type = device_util.device_type_of(device)
   index = device_util.parse(device).device_index or 0
   same_type = [d for d in available
                if device_util.device_type_of(d) == device_type]
-  has = 'The session\'s devices are {}.'.format(
-      ', '.join(_short(d) for d in available))
   if device_type == 'CPU':
-    return (
-        'Device {} does not exist: the session has {} CPU device(s), so it '
-        'would silently run on another device. {} For virtual CPUs pass '
-        'RunConfig(session_config=tf.compat.v1.ConfigProto('
-        'device_count={{"CPU": {}}})), or list fewer devices.'.format(
-            device, len(same_type), has, index + 1))
+    return 'the session has {} CPU device(s)'.format(len(same_type))
   if device_type == 'GPU':
     visible = len(_compat.local_gpu_devices())
     if not visible:
-      why = ('no GPU is visible to this process '
-             '(tf.config.list_physical_devices("GPU") is empty: no GPU, a '
-             'TensorFlow build without CUDA, or CUDA_VISIBLE_DEVICES hides '
-             'them)')
-    elif len(same_type) < visible:
-      why = ('this process sees {} GPU(s) but session_config '
-             '(device_count / gpu_options.visible_device_list) gives the '
-             'session {}'.format(visible, len(same_type)))
-    else:
-      why = 'this process sees only {} GPU(s)'.format(visible)
+      return ('no GPU is visible to this process '
+              '(tf.config.list_physical_devices("GPU") is empty: no GPU, a '
+              'TensorFlow build without CUDA, or CUDA_VISIBLE_DEVICES hides '
+              'them)')
+    if len(same_type) < visible:
+      return ('this process sees {} GPU(s) but session_config '
+              '(device_count / gpu_options.visible_device_list) gives the '
+              'session {}'.format(visible, len(same_type)))
+    return 'this process sees only {} GPU(s)'.format(visible)
+  return 'the session has no {} device {}'.format(device_type, index)
+
+
+def _missing_device_message(device, available):
+  device_type = device_util.device_type_of(device)
+  index = device_util.parse(device).device_index or 0
+  head = (
+      'Device {} does not exist: {}, and session_config does not allow soft '
+      'placement, so TensorFlow could not place its tower. The session\'s '
+      'devices are {}.'.format(device, _why_missing(device, available),
+                               ', '.join(_short(d) for d in available)))
+  soft = (' (or allow_soft_placement=True in session_config, to run its '
+          'tower on another device with a warning)')
+  if device_type == 'CPU':
     return (
-        'Device {} does not exist: {}, so its tower would silently run on '
-        'another device. {} Pass GPUs that exist (devices=None uses every '
-        'visible GPU, else the CPU) or CPU devices.'.format(device, why, has))
-  return (
-      'Device {} does not exist: the session has no {} device {}, so it '
-      'would silently run on another device. {} List only devices this '
-      'process has (devices=None uses every visible GPU, else the '
-      'CPU).'.format(device, device_type, index, has))
+        '{} For virtual CPUs pass RunConfig(session_config='
+        'tf.compat.v1.ConfigProto(device_count={{"CPU": {}}})), or list '
+        'fewer devices{}.'.format(head, index + 1, soft))
+  if device_type == 'GPU':
+    return ('{} Pass GPUs that exist (devices=None uses every visible GPU, '
+            'else the CPU) or CPU devices{}.'.format(head, soft))
+  return ('{} List only devices this process has (devices=None uses every '
+          'visible GPU, else the CPU){}.'.format(head, soft))

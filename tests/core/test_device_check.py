@@ -1,6 +1,4 @@
 """Tests for the one device parser (device_util) and validation (device_check)."""
-import json
-import os
 import tempfile
 
 from absl.testing import parameterized
@@ -84,56 +82,66 @@ class SessionDevicesTest(tf.test.TestCase):
         ['/cpu:0', _CPU1], tf1.ConfigProto(device_count={'CPU': 2}))
     # Devices of other tasks are the cluster checks' business.
     device_check.check_devices_exist(['/job:worker/task:3/cpu:7'])
-    with self.assertRaisesRegex(
-        errors.InvalidArgumentError,
-        r'Device /job:localhost/replica:0/task:0/device:CPU:1 does not exist'
-        r'.*The session\'s devices are CPU:0'):
-      device_check.check_devices_exist([_CPU1])
-    with self.assertLogs(level='WARNING') as logs:
-      device_check.check_devices_exist([_CPU1],
-                                       soft_placement_requested=True)
-    self.assertIn('Soft placement was asked for', '\n'.join(logs.output))
+    # Without soft placement (TF's default session, or a config without it):
+    # an error naming the device, the session's devices and both ways out.
+    for config in (None, tf1.ConfigProto()):
+      with self.assertRaisesRegex(
+          errors.InvalidArgumentError,
+          r'Device /job:localhost/replica:0/task:0/device:CPU:1 does not '
+          r'exist: the session has 1 CPU device\(s\), and session_config '
+          r'does not allow soft placement.*The session\'s devices are '
+          r'CPU:0.*device_count=\{"CPU": 2\}.*allow_soft_placement=True'):
+        device_check.check_devices_exist([_CPU1], config)
 
 
-class SoftPlacementRequestedTest(tf.test.TestCase):
+class SoftPlacementTest(tf.test.TestCase):
 
-  def test_estimator_default_is_not_a_request(self):
-    config = tf1.estimator.RunConfig()
-    self.assertFalse(device_check.soft_placement_requested(config))
-    # What the Estimator hands model_fn: its default session config.
+  def _warnings(self, *calls):
+    with self.assertLogs('tensorflow', level='WARNING') as logs:
+      tf1.logging.warning('marker')  # assertLogs needs one record at least
+      for call in calls:
+        call()
+    return [r.getMessage() for r in logs.records[1:]]
+
+  def test_soft_placement_warns_where_the_towers_run(self):
+    config = tf1.ConfigProto(allow_soft_placement=True)
+    gpus = ['/gpu:{}'.format(i) for i in range(_num_gpus(), _num_gpus() + 2)]
+    fallback = 'GPU:0' if _num_gpus() else 'CPU:0'
+    warnings = self._warnings(
+        lambda: device_check.check_devices_exist(gpus, config))
+    self.assertLen(warnings, 1)
+    self.assertRegex(
+        warnings[0],
+        r'Device\(s\) /device:GPU:{0}, /device:GPU:{1} do not exist in this '
+        r'session .*session_config allows soft placement.*will run the '
+        r'towers of /device:GPU:{0}, /device:GPU:{1} on {2}.*'
+        r'allow_soft_placement=False'.format(_num_gpus(), _num_gpus() + 1,
+                                             fallback))
+
+  def test_warns_once_per_warned_set(self):
+    config = tf1.ConfigProto(allow_soft_placement=True)
+    warned = set()
+    check = lambda: device_check.check_devices_exist([_CPU1], config, warned)
+    self.assertLen(self._warnings(check, check, check), 1)
+    # Another set (another replicate_model_fn) warns again; None every time.
+    self.assertLen(self._warnings(
+        check,
+        lambda: device_check.check_devices_exist([_CPU1], config, set()),
+        lambda: device_check.check_devices_exist([_CPU1], config),
+        lambda: device_check.check_devices_exist([_CPU1], config)), 3)
+
+  def test_estimator_default_session_config_allows_soft_placement(self):
+    # What the Estimator hands model_fn when the user gave no session_config.
     estimator = tf1.estimator.Estimator(lambda features: None,
-                                        model_dir=tempfile.mkdtemp(),
-                                        config=config)
-    self.assertTrue(estimator.config.session_config.allow_soft_placement)
-    self.assertFalse(device_check.soft_placement_requested(estimator.config))
+                                        model_dir=tempfile.mkdtemp())
+    session_config = estimator.config.session_config
+    self.assertTrue(session_config.allow_soft_placement)
+    self.assertLen(self._warnings(
+        lambda: device_check.check_devices_exist([_CPU1], session_config)), 1)
 
-  def test_users_own_config_is_a_request(self):
-    config = tf1.estimator.RunConfig(
-        session_config=tf1.ConfigProto(allow_soft_placement=True))
-    self.assertTrue(device_check.soft_placement_requested(config))
-    estimator = tf1.estimator.Estimator(lambda features: None,
-                                        model_dir=tempfile.mkdtemp(),
-                                        config=config)
-    self.assertTrue(device_check.soft_placement_requested(estimator.config))
-    self.assertFalse(device_check.soft_placement_requested(
-        tf1.estimator.RunConfig(session_config=tf1.ConfigProto())))
-    self.assertFalse(device_check.soft_placement_requested(None))
 
-  def test_distributed_default_is_not_a_request(self):
-    tf_config = {'cluster': {'ps': ['127.0.0.1:1'], 'chief': ['127.0.0.1:2'],
-                             'worker': ['127.0.0.1:3']},
-                 'task': {'type': 'worker', 'index': 0}}
-    old = os.environ.get('TF_CONFIG')
-    os.environ['TF_CONFIG'] = json.dumps(tf_config)
-    try:
-      config = tf1.estimator.RunConfig()
-    finally:
-      if old is None:
-        del os.environ['TF_CONFIG']
-      else:
-        os.environ['TF_CONFIG'] = old
-    self.assertTrue(config.session_config.allow_soft_placement)
-    self.assertFalse(device_check.soft_placement_requested(config))
+def _num_gpus():
+  return len(tf.config.experimental.list_physical_devices('GPU'))
 
 
 if __name__ == '__main__':

@@ -101,7 +101,8 @@ class ArgumentErrorsTest(tf.test.TestCase):
                                         devices=['/gpu:0', '/gpu:1'])
       with self.assertLogs(level='WARNING') as logs:
         spec = fn({'x': tf.zeros([8, 3])}, None, mt.TRAIN, config=config)
-      self.assertIn('Soft placement was asked for', '\n'.join(logs.output))
+      self.assertIn('session_config allows soft placement',
+                    '\n'.join(logs.output))
       with tf1.Session(config=config.session_config) as sess:
         sess.run(tf1.global_variables_initializer())
         sess.run(spec.train_op)
