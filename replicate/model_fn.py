@@ -134,9 +134,10 @@ def replicate_model_fn(model_fn,
             model_fn, type(model_fn).__name__))
   if loss_reduction == tf1.losses.Reduction.NONE:
     raise errors.InvalidArgumentError(
-        'loss_reduction NONE is not supported: every tower must return a '
-        'scalar loss to be summed or averaged. Use one of {}.'.format(
-            ', '.join(_SUPPORTED_REDUCTIONS)))
+        'Tower losses need to be reduced in some way, yet {} reduction is '
+        'specified: loss_reduction NONE is not supported, as every tower '
+        'must return a scalar loss to be summed or averaged. Use one of '
+        '{}.'.format(loss_reduction, ', '.join(_SUPPORTED_REDUCTIONS)))
   if loss_reduction not in _SUPPORTED_REDUCTIONS:
     raise errors.InvalidArgumentError(
         'Unknown loss_reduction {!r}; use one of {} '
@@ -168,8 +169,8 @@ def replicate_model_fn(model_fn,
         'CLONE, or VariablePlacement.CONSOLIDATION_DEVICE.')
   if devices is not None:
     devices = _canonical_devices(devices)
-
   warned_missing_devices = set()  # warn once per replicate_model_fn
+
   def replicated_model_fn(features, labels, mode, params=None, config=None):
     """The replicated model_fn handed to the Estimator."""
     if building_saved_model():

@@ -106,5 +106,92 @@ class SupportedRouteTest(tf.test.TestCase):
         self.assertAllEqual(s.run(list(theirs.values)), [2., 2.])
 
 
+# contrib's replicate_model_fn (TF 1.15, tensorflow_estimator/contrib/
+# estimator/python/estimator/replicate_model_fn.py) raises these ValueErrors;
+# its tests match them with the regexes below. replicate's messages say more
+# (and are ValueErrors too), and keep contrib's words so that those regexes
+# still match:
+#
+# * 'Tower losses need to be reduced in some way, yet {} reduction is
+#   specified.' -- '.+none.+reduction.+is.+specified.+': matches.
+# * 'Please wrap optimizers with TowerOptimizer in order to use
+#   replicate_model_fn with multiple `devices`.' --
+#   'Please.+wrap.+with.+TowerOptimizer': matches.
+# * 'Each invocation of model_fn was supposed to make the same optimizer
+#   calls.' -- '.+was.+supposed.+to.+make.+same.+optimizer.+calls.+': matches
+#   (replicate's messages for towers making more or fewer calls, tested
+#   below; the one for calls in another order carries the same words).
+# * 'Different `EstimatorSpec.eval_metric_ops` across `model_fn()` calls.
+#   Expected {} local variables, but got {} instead.' --
+#   '.+Expected.+local.+variables.+but.+got.+instead.+': matches.
+# * 'Batch size {} needs to be divisible by the number of GPUs, which is
+#   {}.' -- '.*Batch.+size.+needs.+to.+be.+divisible.+by.+GPUs.+': does not
+#   match; that error goes away by design.
+# * 'The name {} is not expected to be given to IndexedSlices {}' -- raised
+#   by a private helper (`_compute_sum_on_device`) that replicate does not
+#   have; not reachable through the public API.
+#
+# TowerOptimizer itself raises nothing in contrib.
+
+
+def _contrib_model_fn(features, labels, mode, params):
+  """A linear model; `params` choose how it differs from contrib's rules."""
+  logits = tf.compat.v1.layers.dense(features['x'], 1, name='logits')
+  loss = tf.compat.v1.losses.sigmoid_cross_entropy(labels, logits)
+  if params.get('metric_of_tower') == replicate.get_tower_context().tower_id:
+    metric = tf.compat.v1.metrics.auc(labels, tf.nn.sigmoid(logits))
+  else:
+    metric = tf.compat.v1.metrics.mean(logits)
+  optimizers = [tf.compat.v1.train.GradientDescentOptimizer(0.1)]
+  if params.get('wrap', True):
+    optimizers = [replicate.TowerOptimizer(o) for o in optimizers]
+  if params.get('second_optimizer_in_tower') == (
+      replicate.get_tower_context().tower_id):
+    optimizers.append(replicate.TowerOptimizer(
+        tf.compat.v1.train.GradientDescentOptimizer(0.1)))
+  step = tf.compat.v1.train.get_global_step()
+  train_op = tf.group([o.minimize(loss, step) for o in optimizers])
+  return tf.compat.v1.estimator.EstimatorSpec(
+      mode, loss=loss, train_op=train_op, eval_metric_ops={'m': metric})
+
+
+class ContribPhrasesTest(tf.test.TestCase):
+  """Each regex of contrib's tests against replicate's message (see above)."""
+
+  def _build(self, mode, **params):
+    features, labels = mt.data(batch_size=8)
+    with tf.Graph().as_default():
+      tf.compat.v1.train.get_or_create_global_step()
+      replicate.replicate_model_fn(
+          _contrib_model_fn, devices=mt.cpus(2),
+          tower_build=replicate.TowerBuild.CALL_PER_TOWER)(
+              {'x': tf.constant(features['x'])}, tf.constant(labels), mode,
+              params)
+
+  def test_none_reduction(self):
+    with self.assertRaisesRegex(ValueError,
+                                '.+none.+reduction.+is.+specified.+'):
+      replicate.replicate_model_fn(_contrib_model_fn,
+                                   tf.compat.v1.losses.Reduction.NONE)
+
+  def test_optimizer_without_tower_optimizer(self):
+    with self.assertRaisesRegex(ValueError,
+                                'Please.+wrap.+with.+TowerOptimizer'):
+      self._build(mt.TRAIN, wrap=False)
+
+  def test_different_optimizer_calls(self):
+    # contrib's case: one tower makes an optimizer call the other does not.
+    for tower_id in (0, 1):
+      with self.assertRaisesRegex(
+          ValueError, '.+was.+supposed.+to.+make.+same.+optimizer.+calls.+'):
+        self._build(mt.TRAIN, second_optimizer_in_tower=tower_id)
+
+  def test_different_metric_variables(self):
+    # auc (4 variables) in tower 1, mean (2) in tower 0: 6 of the expected 4.
+    with self.assertRaisesRegex(
+        ValueError, '.+Expected.+local.+variables.+but.+got.+instead.+'):
+      self._build(mt.EVAL, metric_of_tower=1)
+
+
 if __name__ == '__main__':
   tf.test.main()

@@ -263,8 +263,8 @@ def check_tower(spec, tower, replication, trainable_before, per_tower_reason):
       replication.num_optimizer_calls(tower.tower_id) == 0):
     raise errors.InvalidArgumentError(
         'model_fn returned a train_op but made no TowerOptimizer call in tower '
-        '{} of {}. Wrap optimizers with replicate.TowerOptimizer to use '
-        'replicate_model_fn with several devices.'.format(
+        '{} of {}. Please wrap optimizers with replicate.TowerOptimizer in '
+        'order to use replicate_model_fn with multiple `devices`.'.format(
             tower.tower_id, tower.num_towers))
   if not tower.tower_id:
     return

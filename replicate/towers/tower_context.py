@@ -256,10 +256,12 @@ class Replication(object):
             tower_id, len(calls), self.tower.tower_id, call_index))
       if calls[call_index].optimizer_name != this_call.optimizer_name:
         raise errors.InvalidArgumentError(
-            'Every tower must make the same TowerOptimizer calls in the same '
-            'order, but apply_gradients call number {} used optimizer {!r} in '
-            'tower {} and {!r} in tower {}. Make model_fn call its optimizers '
-            'in the same order on every call.'.format(
+            'Each invocation of model_fn was supposed to make the same '
+            'optimizer calls: every tower must make the same TowerOptimizer '
+            'calls in the same order, but apply_gradients call number {} '
+            'used optimizer {!r} in tower {} and {!r} in tower {}. Make '
+            'model_fn call its optimizers in the same order on every '
+            'call.'.format(
                 call_index + 1, calls[call_index].optimizer_name, tower_id,
                 this_call.optimizer_name, self.tower.tower_id))
       per_tower.append(calls[call_index].grads_and_vars)
@@ -274,18 +276,21 @@ class Replication(object):
     counts = [len(calls) for calls in self._calls]
     if len(set(counts)) > 1:
       raise errors.InvalidArgumentError(
-          'Every tower must make the same TowerOptimizer calls, but the towers '
-          'made {} apply_gradients calls respectively. Make model_fn build the '
-          'same training ops on every call.'.format(counts))
+          'Each invocation of model_fn was supposed to make the same '
+          'optimizer calls: every tower must make the same TowerOptimizer '
+          'calls, but the towers made {} apply_gradients calls '
+          'respectively. Make model_fn build the same training ops on every '
+          'call.'.format(counts))
 
 
 def _more_calls_message(tower_id, num_calls, other_tower_id, call_index):
   """Why tower `other_tower_id` may not make call `call_index` (0-based)."""
-  return ('Every tower must make the same TowerOptimizer calls in the same '
-          'order, but tower {} made {} apply_gradients call(s) and tower {} '
-          'is making call number {}. Make model_fn build the same training '
-          'ops on every call.'.format(tower_id, num_calls, other_tower_id,
-                                      call_index + 1))
+  return ('Each invocation of model_fn was supposed to make the same '
+          'optimizer calls: every tower must make the same TowerOptimizer '
+          'calls in the same order, but tower {} made {} apply_gradients '
+          'call(s) and tower {} is making call number {}. Make model_fn build '
+          'the same training ops on every call.'.format(
+              tower_id, num_calls, other_tower_id, call_index + 1))
 
 
 class _Stack(threading.local):

@@ -87,9 +87,12 @@ def _reduce_metric_variables(tower_metric_variables):
   counts = [len(v) for v in tower_metric_variables]
   if len(set(counts)) > 1:
     raise errors.InvalidArgumentError(
-        'Every tower must create the same metrics, but the towers created '
-        '{} metric variables respectively. Make model_fn return the same '
-        'eval_metric_ops on every call.'.format(counts))
+        'Different `EstimatorSpec.eval_metric_ops` across `model_fn()` calls: '
+        'every tower must create the same metrics. Expected {} local '
+        'variables (tower 0\'s {} in each of {} towers), but got {} instead '
+        '({} respectively). Make model_fn return the same eval_metric_ops on '
+        'every call.'.format(counts[0] * len(counts), counts[0], len(counts),
+                             sum(counts), counts))
   resets = []
   with tf1.name_scope('metric_reduction'):
     for position, primary in enumerate(tower_metric_variables[0]):

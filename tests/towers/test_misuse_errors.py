@@ -171,7 +171,7 @@ class ModelFnErrorsTest(tf.test.TestCase):
       return _spec(mode, loss, train_op)
 
     with self.assertRaisesRegex(
-        ValueError, 'Wrap optimizers with replicate.TowerOptimizer'):
+        ValueError, 'Please wrap optimizers with replicate.TowerOptimizer'):
       _build(model_fn, mt.cpus(2))
     _build(model_fn, mt.cpus(1))  # one device: a plain optimizer is fine
 
