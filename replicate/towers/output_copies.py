@@ -14,7 +14,8 @@ behave alike in every mode.
   one variable in a step (TF's `AssignAdd` is not atomic across them). The
   merge adds towers 1..N-1's metric variables into tower 0's after every
   step's updates, so tower 0's metric values cover the whole batch, as in the
-  unreplicated model.
+  unreplicated model. Summing is exact only for metric state made of sums
+  and counts; the merge refuses any other (tower_specs.py).
 """
 import tensorflow as tf
 

@@ -56,7 +56,9 @@ def eval_spec(tower_specs, tower_metric_variables, aggregation_device):
     An `EstimatorSpec`.
 
   Raises:
-    InvalidArgumentError: if towers return different metrics.
+    InvalidArgumentError: if towers return different metrics, or a metric
+      whose state summed over the towers would differ from one device's
+      (see `_check_summable`).
     InvalidTypeError: if a metric is not a `(value, update_op)` pair.
   """
   fields = tower_specs[0]._asdict()
@@ -73,6 +75,7 @@ def eval_spec(tower_specs, tower_metric_variables, aggregation_device):
                 name, metric))
   if not metrics[0]:
     return EstimatorSpec(**fields)
+  _check_summable(metrics, tower_metric_variables)
   update_ops = [op for m in metrics for _, (_, op) in sorted(m.items())]
   with tf1.control_dependencies(update_ops):
     reduce_op = _reduce_metric_variables(tower_metric_variables)
@@ -113,6 +116,159 @@ def _reduce_metric_variables(tower_metric_variables):
         resets.extend(
             tf1.assign(replica, tf.zeros_like(replica)) for replica in replicas)
     return tf.group(*resets, name='reduce_metric_variables')
+
+
+# Writes that add to (or subtract from) a variable: from zero, the towers'
+# states summed are what one device's updates would have made.
+_ADDITIVE_WRITES = frozenset([
+    'AssignAdd', 'AssignSub', 'ScatterAdd', 'ScatterSub', 'ScatterNdAdd',
+    'ScatterNdSub', 'AssignAddVariableOp', 'AssignSubVariableOp',
+    'ResourceScatterAdd', 'ResourceScatterSub', 'ResourceScatterNdAdd',
+    'ResourceScatterNdSub'])
+# Ops taking a variable (its ref or its resource handle) only to read it.
+_READS = frozenset(['ReadVariableOp', 'ResourceGather', 'ResourceGatherNd',
+                    'VariableShape', 'VarIsInitializedOp',
+                    'IsVariableInitialized'])
+# Ops passing a variable's ref or handle on (identities, control flow).
+_FORWARDS = frozenset([
+    'Identity', 'RefIdentity', 'IdentityN', 'Switch', 'RefSwitch', 'Enter',
+    'RefEnter', 'Merge', 'RefMerge', 'Exit', 'RefExit', 'NextIteration',
+    'RefNextIteration'])
+
+
+def _check_summable(metrics, tower_metric_variables):
+  """Raises unless summing the towers' metric variables is exact.
+
+  The merge adds the towers' metric variables into tower 0's. That gives one
+  device's state only where every write of a metric variable by the metrics'
+  update ops adds an amount that reads no metric state, to a variable that
+  starts at zero.
+
+  Args:
+    metrics: for each tower, its `{key: (value, update_op)}`.
+    tower_metric_variables: for each tower, its metric variables.
+
+  Raises:
+    InvalidArgumentError: naming the metric, the variable, the write and the
+      fix.
+  """
+  updates = [_op(update) for tower in metrics for _, update in tower.values()]
+  cone = _cone(updates)
+  owned = {v.op: v for tower in tower_metric_variables for v in tower}
+  stateful = _reads_of(owned, cone)
+  # Tower 0's first, so that the message names the variable model_fn made.
+  for variable in [v for tower in tower_metric_variables for v in tower]:
+    for write in _writes(variable.op, cone):
+      reason = None
+      if write.type not in _ADDITIVE_WRITES:
+        reason = (
+            'its update op writes metric variable {} with {} (op {}), which '
+            'does not add to it, so its towers\' states cannot be combined by '
+            'summing them'.format(variable.op.name, write.type, write.name))
+      elif any(t.op in stateful for t in _amount_inputs(write)):
+        reason = (
+            'its update op adds to metric variable {} with {} (op {}) an '
+            'amount computed from the metric\'s own state, so its towers\' '
+            'states cannot be combined by summing them'.format(
+                variable.op.name, write.type, write.name))
+      elif not _starts_at_zero(variable):
+        reason = (
+            'metric variable {} does not start at a constant zero, and the '
+            'copy of every tower starts where it does, so summing the towers\' '
+            'states would count the start more than once'.format(
+                variable.op.name))
+      if reason:
+        raise errors.InvalidArgumentError(
+            'Metric {!r} cannot be reduced across towers: {}. '
+            'replicate_model_fn merges the towers of a metric by adding their '
+            'metric variables, which is exact only for state made of sums '
+            'and counts (AssignAdd, ScatterAdd and the like) from zero. '
+            'Build the metric from sums and counts, as the '
+            'tf.compat.v1.metrics functions are, or evaluate on one '
+            'device.'.format(
+                _metric_key(metrics, write), reason))
+
+
+def _op(tensor_or_op):
+  return getattr(tensor_or_op, 'op', tensor_or_op)
+
+
+def _cone(ops):
+  """`ops` and every op they depend on (data and control inputs)."""
+  seen = set(ops)
+  pending = list(ops)
+  while pending:
+    op = pending.pop()
+    for dependency in [t.op for t in op.inputs] + list(op.control_inputs):
+      if dependency not in seen:
+        seen.add(dependency)
+        pending.append(dependency)
+  return seen
+
+
+def _reads_of(variable_ops, cone):
+  """The ops of `cone` whose outputs depend on those variables' values."""
+  seen = set()
+  pending = list(variable_ops)
+  while pending:
+    op = pending.pop()
+    for consumer in (c for t in op.outputs for c in t.consumers()):
+      if consumer in cone and consumer not in seen:
+        seen.add(consumer)
+        pending.append(consumer)
+  return seen
+
+
+def _is_variable(tensor):
+  return (tensor.dtype == tf.resource or
+          tensor.dtype != tensor.dtype.base_dtype)  # a ref
+
+
+def _writes(variable_op, cone):
+  """The ops of `cone` that write the variable of `variable_op`."""
+  writes = []
+  pending = [variable_op.outputs[0]]
+  seen = set()
+  while pending:
+    tensor = pending.pop()
+    for op in tensor.consumers():
+      if op not in cone or op in seen:
+        continue
+      seen.add(op)
+      if op.type in _READS:
+        continue
+      if tensor.dtype != tf.resource and not any(
+          arg.is_ref for arg in op.op_def.input_arg):
+        continue  # takes the ref's value: a read
+      if op.type in _FORWARDS:
+        pending.extend(t for t in op.outputs if _is_variable(t))
+      else:
+        writes.append(op)
+  return writes
+
+
+def _amount_inputs(write):
+  """What a write adds besides the variable: its inputs after the first,
+  and those of the ops forwarding the variable to it (a cond's predicate)."""
+  inputs = list(write.inputs[1:])
+  op = write.inputs[0].op
+  while op.type in _FORWARDS:
+    inputs.extend(op.inputs[1:])
+    op = op.inputs[0].op
+  return inputs
+
+
+def _starts_at_zero(variable):
+  value = tf.get_static_value(variable.initial_value)
+  return value is not None and not value.any()
+
+
+def _metric_key(metrics, write):
+  for tower in metrics:
+    for key, (_, update) in sorted(tower.items()):
+      if write in _cone([_op(update)]):
+        return key
+  return None  # pragma: no cover (every write checked is in some cone)
 
 
 def predict_spec(tower_specs, aggregation_device):
