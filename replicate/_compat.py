@@ -471,3 +471,18 @@ def optimizer_slots(optimizer):
 def save_slice_info(variable):
   """A partitioned variable's slice information, or None."""
   return getattr(variable, '_save_slice_info', None)
+
+
+def is_graph_function(graph, name):
+  """Whether `graph`'s function library holds a function named `name`."""
+  return graph._is_function(name)  # pylint: disable=protected-access
+
+
+def graph_function_def(graph, name):
+  """The `FunctionDef` of `graph`'s library function `name`, or None."""
+  function = graph._get_function(name)  # pylint: disable=protected-access
+  if function is None:
+    return None
+  # TF 2.15's functions cache their definition; TF 1.15's have `definition`.
+  definition = getattr(function, 'cached_definition', None)
+  return definition if definition is not None else function.definition

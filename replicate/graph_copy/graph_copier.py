@@ -14,7 +14,9 @@ from replicate import _graph_import
 from replicate._compat import tf1
 from replicate.core import device_util
 from replicate.gradients import gradient_gating
+from replicate.graph_copy import bound_devices
 from replicate.gradients import read_packing
+from replicate.graph_copy import function_copies
 from replicate.graph_copy import bulk_variables
 from replicate.graph_copy import node_defs
 from replicate.graph_copy import op_kinds
@@ -236,6 +238,7 @@ class GraphCopier(object):
     itself (shared).
     """
     graph_def = tf1.GraphDef()
+    functions = function_copies.FunctionCopies(self._graph, graph_def.library)
     graph_def.versions.CopyFrom(self._graph.graph_def_versions)
     external = {}  # input name in a NodeDef -> Tensor or Operation
     for op in ops:
@@ -249,6 +252,8 @@ class GraphCopier(object):
                      if isinstance(t, tf.Tensor) and t.op in shared and
                      op_kinds.is_plain_read(t.op)])
     originals = [op.node_def for op in ops]
+    anchors = bound_devices.anchors(
+        ops, lambda op: op in todo or op in self._copied)
     todo_names = set(node_def.name for node_def in originals)
     devices = {}
     input_map = {}
@@ -268,7 +273,12 @@ class GraphCopier(object):
         # The device is set by the device function below: a device in the
         # NodeDef would make the import enter a device scope for every op.
         node.ClearField('device')
-        devices[node.name] = self._copy_device(op, node_def, tower_id, devices)
+        anchor = anchors.get(op)  # bound to a shared variable: goes with it
+        devices[node.name] = (
+            self._copies[tower_id].get(anchor.name, anchor).device
+            if anchor is not None else
+            self._copy_device(op, node_def, tower_id, devices))
+        functions.rename(node, prefix, tower_id)
         node_defs.offset_seed(node, tower_id)
         if 'frame_name' in node.attr:
           # A TF1 tf.while_loop runs in the frame its Enter ops name: each

@@ -31,11 +31,19 @@ def rename_colocation(node, prefix, copied):
     del node.attr['_class']
 
 
+def is_seeded(node):
+  """Whether a `NodeDef` is a random op with a seed.
+
+  An unseeded one (seed and seed2 both 0) draws its own numbers in every
+  copy already.
+  """
+  return ('seed' in node.attr and 'seed2' in node.attr and
+          bool(node.attr['seed'].i or node.attr['seed2'].i))
+
+
 def offset_seed(node, tower_id):
   """Gives a seeded random op of copy `tower_id` its own `seed2`."""
-  if 'seed' not in node.attr or 'seed2' not in node.attr:
+  if not is_seeded(node):
     return
-  if not node.attr['seed'].i and not node.attr['seed2'].i:
-    return  # Unseeded: every op draws its own numbers already.
   node.attr['seed2'].i = (node.attr['seed2'].i +
                           tower_id * _SEED2_STRIDE) % (1 << 31)

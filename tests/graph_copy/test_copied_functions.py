@@ -1,0 +1,231 @@
+"""Copies of control flow and of resource reads inside loops.
+
+graph_copy/function_copies.py: a copied `If` / `While` (TF 2 control flow)
+gets its own copy of the branch and body functions that hold seeded random
+ops, with seeds offset as for top-level ops, so that dropout draws new
+numbers in every tower (as on one device), the same numbers run to run, and
+the gradient uses the tower's own draws. graph_copier.py: the copy of an
+op that TF's placer binds to a shared variable (the stack in which a TF1
+while loop's gradient keeps an in-loop variable read, as in a Keras LSTM
+under `disable_v2_behavior`) is placed with that variable, so the towers
+train as one device.
+
+Every test runs on TF 1.15 and TF 2.15; on TF 2.15, `V1BehaviorTest` runs
+the others again in a subprocess after `tf.compat.v1.disable_v2_behavior()`
+(TF1 control flow with resource variables).
+"""
+import os
+import subprocess
+import sys
+
+from absl.testing import parameterized
+import model_testing as mt
+import numpy as np
+import tensorflow as tf
+
+import replicate
+from replicate import _compat
+from replicate._compat import tf1
+
+_V1_BEHAVIOR = 'REPLICATE_TEST_V1_BEHAVIOR'
+if os.environ.get(_V1_BEHAVIOR):
+  tf1.disable_v2_behavior()
+
+_NUM_TOWERS = 4
+_ROWS = 32
+_UNITS = 16
+_LEARNING_RATE = 0.125
+
+
+class _IdentityCell(tf1.nn.rnn_cell.RNNCell):
+  """An RNN cell whose output is its input: shows DropoutWrapper's mask."""
+
+  @property
+  def state_size(self):
+    return _UNITS
+
+  @property
+  def output_size(self):
+    return _UNITS
+
+  def call(self, inputs, state):
+    return inputs, state
+
+
+def _dropout(kind, x):
+  """Dropout of `x` (rate 0.5: kept entries are doubled) built as `kind`."""
+  training = tf1.placeholder_with_default(True, [])
+  if kind == 'cond':  # tf.cond on a tensor flag: If in TF 2
+    return tf1.layers.dropout(x, 0.5, training=training)
+  if kind == 'rnn':  # a While in TF 2
+    cell = tf1.nn.rnn_cell.DropoutWrapper(
+        _IdentityCell(), input_keep_prob=0.5, seed=3)
+    outputs, _ = tf1.nn.dynamic_rnn(cell, x[:, None, :], dtype=tf.float32)
+    return outputs[:, 0, :]
+
+  def body(i, total):
+    if kind == 'while':
+      return i + 1, total + tf1.nn.dropout(x, rate=0.5)
+    # 'cond_in_while': an If in a While's body function.
+    return i + 1, total + tf1.layers.dropout(x, 0.5, training=training)
+
+  _, total = tf1.while_loop(lambda i, _: i < 1, body,
+                            [tf.constant(0), tf.zeros_like(x)])
+  return total
+
+
+def _dropout_model_fn(features, labels, mode, params):
+  """loss = sum(dropout(x * v) * w), with x, v and w all ones.
+
+  d/dw_j = v_j * C_j and d/dv_j = w_j * C_j, where C_j sums column j of the
+  scaled mask over the global batch (each entry 0 or 2).
+  """
+  del labels
+  x = features['x']
+  v = tf1.get_variable('v', [_UNITS], initializer=tf1.ones_initializer())
+  w = tf1.get_variable('w', [_UNITS], initializer=tf1.ones_initializer())
+  loss = tf.reduce_sum(_dropout(params['kind'], x * v) * w)
+  optimizer = replicate.TowerOptimizer(
+      tf1.train.GradientDescentOptimizer(_LEARNING_RATE))
+  return tf1.estimator.EstimatorSpec(
+      mode, loss=loss,
+      train_op=optimizer.minimize(loss, tf1.train.get_global_step()))
+
+
+def _train_dropout(kind, num_towers):
+  """`(v, w)` after one SGD step of `_dropout_model_fn` (graph seed 7)."""
+  with tf.Graph().as_default():
+    tf1.set_random_seed(7)
+    tf1.train.get_or_create_global_step()
+    spec = replicate.replicate_model_fn(
+        _dropout_model_fn, loss_reduction=tf1.losses.Reduction.SUM,
+        devices=mt.cpus(num_towers))(
+            {'x': tf.ones([_ROWS, _UNITS])}, None, mt.TRAIN, {'kind': kind},
+            None)
+    with tf1.Session(config=replicate.testing.virtual_cpu_config(
+        _NUM_TOWERS)) as sess:
+      sess.run(tf1.global_variables_initializer())
+      sess.run(spec.train_op)
+      return sess.run([tf1.global_variables('v')[0],
+                       tf1.global_variables('w')[0]])
+
+
+class CopiedRandomOpsTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.parameters('cond', 'while', 'cond_in_while', 'rnn')
+  def test_towers_draw_their_own_masks(self, kind):
+    v, w = _train_dropout(kind, _NUM_TOWERS)
+    # One step from v = w = 1: v = w = 1 - 0.125 * C. Equal: each tower's
+    # gradient uses the mask its forward pass drew.
+    self.assertAllEqual(v, w)
+    column_sums = (1 - w) / _LEARNING_RATE
+    self.assertAllEqual(column_sums, np.round(column_sums))
+    # 4 towers repeating tower 0's 8 rows would make every C_j a multiple
+    # of 4 * 2 = 8; 32 rows drawn on their own (as on one device) do not.
+    self.assertFalse(np.all(column_sums % 8 == 0), column_sums)
+    # About half of the 32 rows of each column are kept: C_j near 32.
+    self.assertAllInRange(column_sums, 8, 56)
+
+  @parameterized.parameters('cond', 'rnn')
+  def test_same_graph_seed_draws_the_same_masks(self, kind):
+    self.assertAllEqual(_train_dropout(kind, _NUM_TOWERS),
+                        _train_dropout(kind, _NUM_TOWERS))
+
+  def test_functions_without_random_ops_are_shared(self):
+    def library(num_towers):
+      with tf.Graph().as_default() as graph:
+        tf1.train.get_or_create_global_step()
+        replicate.replicate_model_fn(
+            _recurrent_model_fn, devices=mt.cpus(num_towers))(
+                {'x': tf.constant(_sequences()[0])},
+                tf.constant(_sequences()[1]), mt.TRAIN, {'kind': 'lstm'},
+                None)
+        return [f.signature.name
+                for f in graph.as_graph_def().library.function]
+    # TF 2's Keras LSTM is a While (body, condition, their gradients); TF1
+    # control flow has no functions. (Names hold a global counter.)
+    self.assertLen(library(_NUM_TOWERS), len(library(1)))
+
+
+def _sequences():
+  """8 sequences of 5 steps of 3 features, distinct per row; targets."""
+  rng = np.random.RandomState(0)
+  return (rng.uniform(-1, 1, (8, 5, 3)).astype(np.float32),
+          rng.uniform(-1, 1, (8, 1)).astype(np.float32))
+
+
+def _recurrent_model_fn(features, labels, mode, params):
+  """A recurrent layer of 4 units and a dense output; MSE; SGD."""
+  x = features['x']
+  kernel = tf1.glorot_uniform_initializer(seed=1)
+  recurrent = tf1.glorot_uniform_initializer(seed=2)
+  kind = params['kind']
+  if kind == 'lstm':
+    h = tf.keras.layers.LSTM(
+        4, kernel_initializer=kernel, recurrent_initializer=recurrent)(x)
+  elif kind == 'gru':
+    h = tf.keras.layers.GRU(
+        4, kernel_initializer=kernel, recurrent_initializer=recurrent)(x)
+  elif kind == 'dynamic_rnn':
+    outputs, _ = tf1.nn.dynamic_rnn(
+        tf1.nn.rnn_cell.LSTMCell(4, initializer=kernel), x, dtype=tf.float32)
+    h = outputs[:, -1]
+  else:  # 'loop_read': the cause alone, a resource variable read in a loop.
+    v = tf1.get_variable('v', [3, 4], initializer=kernel, use_resource=True)
+
+    def body(i, state):
+      return i + 1, tf.tanh(tf.matmul(x[:, i, :], v) + state)
+
+    _, h = tf1.while_loop(lambda i, _: i < 5, body,
+                          [tf.constant(0), tf.zeros([tf.shape(x)[0], 4])])
+  predictions = tf1.layers.dense(
+      h, 1, kernel_initializer=tf1.glorot_uniform_initializer(seed=3),
+      name='out')
+  loss = tf1.losses.mean_squared_error(labels, predictions)
+  optimizer = replicate.TowerOptimizer(
+      tf1.train.GradientDescentOptimizer(0.5))
+  return tf1.estimator.EstimatorSpec(
+      mode, loss=loss,
+      train_op=optimizer.minimize(loss, tf1.train.get_global_step()))
+
+
+class RecurrentTowersTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.parameters('lstm', 'gru', 'dynamic_rnn', 'loop_read')
+  def test_trains_as_one_device(self, kind):
+    # Variables live on CPU:0, tower 0's device; towers 1..3 must place the
+    # stacks of their loops' variable reads with the variables, as TF's
+    # placer does.
+    features, labels = _sequences()
+    params = {'kind': kind}
+    towers = mt.train_variables(
+        _recurrent_model_fn, {'x': features}, labels,
+        mt.cpus(_NUM_TOWERS), params=params)
+    one_device = mt.train_variables(
+        _recurrent_model_fn, {'x': features}, labels, mt.cpus(1),
+        params=params)
+    self.assertEqual(sorted(towers), sorted(one_device))
+    for name, value in one_device.items():
+      self.assertAllClose(value, towers[name], rtol=1e-5, atol=1e-6,
+                          msg=name)
+
+
+class V1BehaviorTest(tf.test.TestCase):
+
+  def test_under_disable_v2_behavior(self):
+    if not _compat.IS_TF2 or os.environ.get(_V1_BEHAVIOR):
+      self.skipTest('TF 2.15 only, run from the normal suite.')
+    env = dict(os.environ, **{_V1_BEHAVIOR: '1'})
+    result = subprocess.run(
+        [sys.executable, '-m', 'pytest', os.path.abspath(__file__), '-q',
+         '-p', 'no:cacheprovider', '-k', 'not V1BehaviorTest'],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(
+            os.path.abspath(__file__)))),
+        check=False)
+    self.assertEqual(result.returncode, 0,
+                     result.stdout.decode()[-5000:])
+
+
+if __name__ == '__main__':
+  tf.test.main()
