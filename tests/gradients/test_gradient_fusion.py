@@ -247,8 +247,12 @@ class FusedTrainingTest(tf.test.TestCase, parameterized.TestCase):
         r'GATE_GRAPH, got 7'):
       _build(tf.Graph(), mt.cpus(2), {'gate': 7})
 
-  @parameterized.named_parameters(('mean', 'mean'), ('sum', 'sum'))
-  def test_matches_contrib_oracle(self, reduction):
+  # SGD too: Adam's step does not change with the gradient's scale, so a
+  # fused product scaled by 1/N (or N) would show only with SGD.
+  @parameterized.named_parameters(
+      ('mean_adam', 'mean', 'adam'), ('sum_adam', 'sum', 'adam'),
+      ('mean_sgd', 'mean', 'sgd'), ('sum_sgd', 'sum', 'sgd'))
+  def test_matches_contrib_oracle(self, reduction, optimizer):
     if IS_TF2:
       self.skipTest('tf.contrib exists only in TF 1.x')
     contrib = tf.contrib.estimator  # pylint: disable=no-member
@@ -259,8 +263,8 @@ class FusedTrainingTest(tf.test.TestCase, parameterized.TestCase):
         mt.train_variables(
             _wide_model_fn, features, labels, mt.cpus(4), steps=4,
             loss_reduction=reduction, replicate_fn=replicate_fn,
-            params={'wrapper': wrapper, 'optimizer_fn':
-                    lambda: tf1.train.AdamOptimizer(0.01)})
+            params={'wrapper': wrapper,
+                    'optimizer_fn': _OPTIMIZER_FNS[optimizer]})
         for replicate_fn, wrapper in (
             (replicate.replicate_model_fn, replicate.TowerOptimizer),
             (contrib.replicate_model_fn, contrib.TowerOptimizer))]

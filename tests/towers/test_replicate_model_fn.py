@@ -142,9 +142,13 @@ class TrainingEquivalenceTest(tf.test.TestCase, parameterized.TestCase):
   def test_sparse_gradients_stay_sparse(self):
     # An embedding lookup gives IndexedSlices gradients; they are concatenated
     # across towers, never densified.
+    # Rows of distinct values (row r is [2r + 1, 2r + 2]), so a gradient row
+    # applied to the wrong table row changes the result.
+    initial = np.arange(1, 21, dtype=np.float32).reshape(10, 2)
+
     def model_fn(features, labels, mode):
       table = tf1.get_variable('table', [10, 2],
-                               initializer=tf1.ones_initializer())
+                               initializer=tf1.constant_initializer(initial))
       emb = tf.nn.embedding_lookup(table, features['ids'])
       loss = tf.reduce_mean(tf.square(emb - labels))
       train_op = replicate.TowerOptimizer(
@@ -169,11 +173,12 @@ class TrainingEquivalenceTest(tf.test.TestCase, parameterized.TestCase):
         sess.run(tf1.global_variables_initializer())
         sess.run(spec.train_op)
         table = sess.run(tf1.global_variables()[0])
-    # loss = mean over 4 ids x 2 dims of emb^2; d/d emb = 2 emb / 8 = 0.25.
-    # Row 1 is looked up twice: 1 - 2 * 0.25 = 0.5; rows 0, 3: 0.75; others 1.
-    expected = np.ones((10, 2), np.float32)
-    expected[[0, 3]] = 0.75
-    expected[1] = 0.5
+    # loss = mean over 4 ids x 2 dims of emb^2; d/d emb = 2 emb / 8 = emb / 4
+    # per lookup, at rate 1. Row 1 is looked up twice (once per tower):
+    # t - 2 t / 4 = t / 2; rows 0 and 3 once: 0.75 t; the others unchanged.
+    expected = initial.copy()
+    expected[[0, 3]] *= 0.75
+    expected[1] *= 0.5
     self.assertAllClose(expected, table)
 
 

@@ -130,8 +130,11 @@ class ReplicatedTest(tf.test.TestCase, parameterized.TestCase):
     # Training moved the weights: an untrained model would also "agree".
     self.assertEqual(replicated['global_step'], 4)
 
-  def test_keras_layer_objects(self):
-    params = {'optimizer': 'adam', 'keras': True}
+  # SGD and Momentum too: Adam's step does not change with the gradient's
+  # scale, so a sum scaled by 1/N (or N) would show only with them.
+  @parameterized.parameters('sgd', 'momentum', 'adam')
+  def test_keras_layer_objects(self, optimizer):
+    params = {'optimizer': optimizer, 'keras': True}
     one = _checkpoint(self._train(3, params, **_ONE))
     replicated = _checkpoint(self._train(3, params, **_REPLICATED))
     self.assertEqual(sorted(one), sorted(replicated))
@@ -193,14 +196,18 @@ class ReplicatedTest(tf.test.TestCase, parameterized.TestCase):
         [p['logits'] for p in replicated.predict(predict_input_fn)],
         rtol=1e-5, atol=1e-6)
 
-  def test_accumulation(self):
-    # Two micro-steps of 8 rows make one update as one step on 16 rows.
-    params = {'optimizer': 'adam'}
+  @parameterized.parameters('sgd', 'momentum', 'adam')
+  def test_accumulation(self, optimizer):
+    # Two micro-steps of 8 rows make one update as one step on 16 rows: the
+    # sums scaled by 1/2, which only SGD and Momentum see (Adam's step does
+    # not change with the gradient's scale).
+    params = {'optimizer': optimizer}
     one = _checkpoint(self._train(3, params, **_ONE))
     accumulated = _checkpoint(self._train(
         3, dict(params, tower_optimizer={'accumulation_steps': 2}),
         input_fn=_input_fn(batch_size=8), **_REPLICATED))
-    # Adam's beta powers keep their names under accumulation too.
+    # Adam's beta powers (and Momentum's accumulators) keep their names
+    # under accumulation too.
     self.assertEqual(sorted(one), sorted(accumulated))
     for name in one:
       self.assertAllClose(one[name], accumulated[name], rtol=1e-5, atol=1e-6,
