@@ -13,11 +13,10 @@ import tensorflow as tf
 from replicate import _graph_import
 from replicate._compat import tf1
 from replicate.core import device_util
-from replicate.gradients import gradient_gating
-from replicate.graph_copy import bound_devices
 from replicate.gradients import read_packing
-from replicate.graph_copy import function_copies
+from replicate.graph_copy import bound_devices
 from replicate.graph_copy import bulk_variables
+from replicate.graph_copy import function_copies
 from replicate.graph_copy import node_defs
 from replicate.graph_copy import op_kinds
 
@@ -238,8 +237,8 @@ class GraphCopier(object):
     itself (shared).
     """
     graph_def = tf1.GraphDef()
-    functions = function_copies.FunctionCopies(self._graph, graph_def.library)
     graph_def.versions.CopyFrom(self._graph.graph_def_versions)
+    functions = function_copies.FunctionCopies(self._graph, graph_def.library)
     external = {}  # input name in a NodeDef -> Tensor or Operation
     for op in ops:
       for tensor in op.inputs:
@@ -252,9 +251,9 @@ class GraphCopier(object):
                      if isinstance(t, tf.Tensor) and t.op in shared and
                      op_kinds.is_plain_read(t.op)])
     originals = [op.node_def for op in ops]
+    todo_names = set(node_def.name for node_def in originals)
     anchors = bound_devices.anchors(
         ops, lambda op: op in todo or op in self._copied)
-    todo_names = set(node_def.name for node_def in originals)
     devices = {}
     input_map = {}
     returned = []
@@ -278,8 +277,8 @@ class GraphCopier(object):
             self._copies[tower_id].get(anchor.name, anchor).device
             if anchor is not None else
             self._copy_device(op, node_def, tower_id, devices))
-        functions.rename(node, prefix, tower_id)
         node_defs.offset_seed(node, tower_id)
+        functions.rename(node, prefix, tower_id)
         if 'frame_name' in node.attr:
           # A TF1 tf.while_loop runs in the frame its Enter ops name: each
           # copy of the loop needs its own, or TF takes the copies for one
@@ -398,27 +397,28 @@ class GraphCopier(object):
             if op_kinds.op_of(item) in window]
 
   def _shared_ops(self, window):
-    """Ops of tower 0 that every tower uses as they are."""
+    """Ops of tower 0 that every tower uses as they are.
+
+    The state (variables and tables, `stateful_op_types`), the plain reads
+    of shared variables, and what fills a shared table (its initializer:
+    the one `tables_initializer` runs). A write of a shared variable or
+    table that a copy needs is copied, so every tower makes it, as its own
+    `model_fn` call would; the reads and writes of a variable each tower
+    has its own (`own_variables`) are copied and read or write that one.
+    """
     shared = set(self._shared)
     shared.update(self._always_shared(window))
     own = self._own_variable_ops
+    stateful = self._stateful_op_types
     for op in window:
       op_type = op.type
-      if op_type in self._stateful_op_types:
+      if op_type in stateful:
         shared.add(op)
-      elif op_type in gradient_gating.READ_OP_TYPES or (
-          op_type in op_kinds.WRITE_OP_TYPES):
-        # Plain reads and the writes of a shared variable are shared; those
-        # of a variable each tower has its own are copied.
-        variable = op.inputs[0].op if op.inputs else None
-        if variable in own:
-          continue
-        if op_type in op_kinds.WRITE_OP_TYPES:
-          if variable is not None and (
-              variable.type in gradient_gating.VARIABLE_OP_TYPES):
-            shared.add(op)
-        elif op_kinds.is_plain_read(op):
+      elif op_type in op_kinds.TABLE_INITIALIZER_OP_TYPES:
+        if op.inputs and op.inputs[0].op.type in stateful:
           shared.add(op)
+      elif op_kinds.is_plain_read(op) and op.inputs[0].op not in own:
+        shared.add(op)
     return shared
 
   # What subclasses decide.

@@ -2,34 +2,45 @@
 from replicate._compat import tf1
 from replicate.gradients import gradient_gating
 
-# Ops that own state (variables, tables): never copied, every copy uses
-# them as they are.
-STATEFUL_OP_TYPES = frozenset([
+# Ops that make a lookup table (the v1 reference and v2 resource kinds, and
+# TF 2's anonymous ones). A static table holds what its initializer put in;
+# a mutable one is also written by inserts and saved in checkpoints.
+STATIC_TABLE_OP_TYPES = frozenset([
+    'HashTable', 'HashTableV2', 'AnonymousHashTable',
+])
+MUTABLE_TABLE_OP_TYPES = frozenset([
+    'MutableHashTable', 'MutableHashTableV2', 'MutableHashTableOfTensors',
+    'MutableHashTableOfTensorsV2', 'MutableDenseHashTable',
+    'MutableDenseHashTableV2', 'AnonymousMutableHashTable',
+    'AnonymousMutableHashTableOfTensors', 'AnonymousMutableDenseHashTable',
+])
+
+# Ops that fill a whole table (input 0) from their other inputs: the
+# initializers `TABLE_INITIALIZERS` holds, and imports.
+TABLE_INITIALIZER_OP_TYPES = frozenset([
+    'InitializeTable', 'InitializeTableV2', 'InitializeTableFromTextFile',
+    'InitializeTableFromTextFileV2', 'InitializeTableFromDataset',
+    'LookupTableImport', 'LookupTableImportV2',
+])
+
+# Variables, and the state a device function puts next to them on a
+# parameter device (as `tf.compat.v1.train.replica_device_setter` does): the
+# mutable tables. A static table is rebuilt by its initializer in every
+# session, from files that may exist only where the model runs, so it stays
+# with the ops around it.
+PARAMETER_OP_TYPES = frozenset([
     'Variable',
     'VariableV2',
     'VarHandleOp',
     'AutoReloadVariable',
-    'MutableHashTable',
-    'MutableHashTableV2',
-    'MutableHashTableOfTensors',
-    'MutableHashTableOfTensorsV2',
-    'MutableDenseHashTable',
-    'MutableDenseHashTableV2',
-])
+]) | MUTABLE_TABLE_OP_TYPES
 
-# Ops that write the variable (reference or resource handle) of input 0. A
-# write of a variable the copies share is the original's alone, never copied:
-# one writer per step (for towers, as for the update ops of `UPDATE_OPS`,
-# e.g. the moving statistics of a Keras BatchNormalization layer object,
-# which are not in that collection).
-WRITE_OP_TYPES = frozenset([
-    'Assign', 'AssignAdd', 'AssignSub', 'AssignVariableOp',
-    'AssignAddVariableOp', 'AssignSubVariableOp', 'ScatterAdd', 'ScatterSub',
-    'ScatterMul', 'ScatterDiv', 'ScatterMin', 'ScatterMax', 'ScatterUpdate',
-    'ResourceScatterAdd', 'ResourceScatterSub', 'ResourceScatterMul',
-    'ResourceScatterDiv', 'ResourceScatterMin', 'ResourceScatterMax',
-    'ResourceScatterUpdate',
-])
+# Ops that own state (variables, tables): never copied, every copy uses them
+# as they are, as calls of one model function share variables through
+# variable scopes. A table's initializer is the original's alone (run once,
+# by `tables_initializer`). A write of the state in what a copy needs is
+# copied like any other op: every copy makes it, as another call would.
+STATEFUL_OP_TYPES = PARAMETER_OP_TYPES | STATIC_TABLE_OP_TYPES
 
 
 def op_of(item):

@@ -23,8 +23,11 @@ def _keras_model_fn(features, labels, mode, params):
   """Keras Dense + BatchNormalization layer objects (or tf.compat.v1.layers).
 
   The moving statistics of a Keras BatchNormalization layer object are not
-  in `UPDATE_OPS`: the model runs `bn.updates` before its step, as Keras
-  users of TF1 graphs do.
+  in `UPDATE_OPS`: the model groups `bn.updates` with its train op, as Keras
+  users of TF1 graphs do, so they run once per step, from tower 0 (they are
+  not in what the towers copy). With `params['updates_before_minimize']`
+  they are in the control dependencies of `minimize` instead, in what the
+  towers copy: every tower makes them, as its own model_fn call would.
   """
   params = params or {}
   training = mode == mt.TRAIN
@@ -63,9 +66,12 @@ def _keras_model_fn(features, labels, mode, params):
   # noise only, which Adam would scale up to full steps.
   optimizer = replicate.TowerOptimizer(
       tf1.train.GradientDescentOptimizer(0.5))
+  before = list(updates) if params.get('updates_before_minimize') else []
   with tf1.control_dependencies(
-      tf1.get_collection(tf1.GraphKeys.UPDATE_OPS) + list(updates)):
+      tf1.get_collection(tf1.GraphKeys.UPDATE_OPS) + before):
     train_op = optimizer.minimize(loss, tf1.train.get_global_step())
+  if not before and updates:
+    train_op = tf.group(train_op, *updates)
   return tf1.estimator.EstimatorSpec(
       mode, loss=loss, train_op=train_op, eval_metric_ops=metrics,
       predictions=predictions)
@@ -188,7 +194,8 @@ class KerasLayersEstimatorTest(QuietEstimatorTestCase):
 
 
 class KerasLayersGraphTest(tf.test.TestCase):
-  """The copies' Keras BatchNormalization updates: tower 0's, deterministic."""
+  """Keras BatchNormalization updates: grouped with the train op, tower 0's
+  (deterministic); before minimize, every tower's."""
 
   def test_batch_norm_like_compat_v1_layers_and_deterministic(self):
     # Shards that differ: the moving statistics come from tower 0's shard.
@@ -238,7 +245,7 @@ class KerasLayersGraphTest(tf.test.TestCase):
     for key in one:
       self.assertAllClose(one[key], values[key], rtol=1e-6, msg=key)
 
-  def test_batch_norm_updates_run_once_per_step(self):
+  def _moving_statistics_writes(self, params):
     graph = tf.Graph()
     features, labels = mt.data(batch_size=_BATCH, num_features=3)
     with graph.as_default():
@@ -246,12 +253,51 @@ class KerasLayersGraphTest(tf.test.TestCase):
       replicate.replicate_model_fn(
           _keras_model_fn, devices=mt.cpus(_NUM_TOWERS))(
               {'x': tf.constant(features['x'])}, tf.constant(labels),
-              mt.TRAIN, None)
-    writes = [op.name for op in graph.get_operations()
-              if op.type == 'AssignSubVariableOp' and 'moving_' in
-              op.inputs[0].op.name]
+              mt.TRAIN, params)
+    return [op for op in graph.get_operations()
+            if op.type == 'AssignSubVariableOp' and 'moving_' in
+            op.inputs[0].op.name]
+
+  def test_batch_norm_updates_grouped_with_train_op_run_once_per_step(self):
+    writes = [op.name for op in self._moving_statistics_writes(None)]
     self.assertLen(writes, 2)  # moving mean and variance, tower 0's
     self.assertFalse([name for name in writes if 'tower_' in name], writes)
+
+  def test_batch_norm_updates_before_minimize_made_by_every_tower(self):
+    writes = self._moving_statistics_writes({'updates_before_minimize': True})
+    # Moving mean and variance, written by each of the 4 towers: the copies
+    # write tower 0's variables, as a model_fn call per tower would.
+    self.assertLen(writes, 2 * _NUM_TOWERS)
+    self.assertEqual(
+        ['batch_normalization/moving_mean',
+         'batch_normalization/moving_variance'],
+        sorted(set(op.inputs[0].op.name for op in writes)))
+    self.assertEqual(
+        [''] + ['tower_{}'.format(i) for i in range(1, _NUM_TOWERS)],
+        sorted(set(op.name.split('/')[0] if op.name.startswith('tower_')
+                   else '' for op in writes)))
+
+  def test_batch_norm_updates_before_minimize_move_statistics_per_tower(self):
+    # Every shard holds the same 2 rows, so each tower's batch statistics
+    # are the one device's. Each tower's update subtracts
+    # (m0 - batch_stat) * (1 - momentum), computed from the step's one read
+    # of the variable: after one step m = m0 + 4 * (m_one_device - m0),
+    # for the mean (m0 = 0) and the variance (m0 = 1).
+    x, y = _rows(2, seed=0)
+    features = {'x': np.tile(x, (_NUM_TOWERS, 1))}
+    labels = np.tile(y, (_NUM_TOWERS, 1))
+    params = {'updates_before_minimize': True}
+    towers = mt.train_variables(_keras_model_fn, features, labels,
+                                mt.cpus(_NUM_TOWERS), steps=1, params=params)
+    one = mt.train_variables(_keras_model_fn, features, labels, mt.cpus(1),
+                             steps=1, params=params)
+    for name, start in (('batch_normalization/moving_mean', 0.0),
+                        ('batch_normalization/moving_variance', 1.0)):
+      self.assertNotAllClose(np.full(16, start), one[name])
+      self.assertAllClose(start + _NUM_TOWERS * (one[name] - start),
+                          towers[name], rtol=1e-5, atol=1e-7, msg=name)
+    self.assertAllClose(one['dense_1/kernel'], towers['dense_1/kernel'],
+                        rtol=1e-5, atol=1e-6)
 
 
 if __name__ == '__main__':
