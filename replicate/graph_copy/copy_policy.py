@@ -5,21 +5,13 @@ function would have built on its device; where that cannot be shown, the
 copying build refuses with an error naming the reason and the build that
 calls the function per device, and never falls back mid-build. Clients
 (replicate_model_fn's towers, MirroredStrategy's replicas) find their own
-reasons (e.g. the function asked which copy it builds); the reasons that do
-not depend on the client are here: copies' inputs that differ other than as
-tensors of one shape, and random ops with an op-level seed (per-device calls
-give every device the same numbers; copies get their own `seed2`,
-node_defs.offset_seed).
+reasons (e.g. the function asked which copy it builds); the reason that
+does not depend on the client is here: copies' inputs that differ other than
+as tensors of one shape.
 """
-import re
-
 import tensorflow as tf
 
 from replicate import errors
-
-# Op types that may carry `seed` / `seed2` attributes (TF's random ops,
-# samplers and shuffles); others are not asked, which keeps the check cheap.
-_SEEDED_OP_TYPE = re.compile(r'Random|Normal|Multinomial|Sampl|Shuffle|Crop')
 
 
 class CopyPolicy(object):
@@ -93,34 +85,6 @@ def reason_inputs_differ(per_copy_inputs):
         continue
       return ('the arguments differ between devices in a value that is not '
               'a tensor ({!r} and {!r})'.format(a, b))
-  return None
-
-
-def reason_op_level_seeds(graph, ops):
-  """Why random `ops` cannot be copied: one has an op-level seed, or None.
-
-  Without a graph seed, a seeded random op got its seed from its own call
-  (`tf.random.uniform(..., seed=5)`): calls give every device that seed and
-  the same numbers, a copy gets its own `seed2`. With a graph seed, an
-  op-level seed looks like one derived from the graph's and is not found.
-
-  Args:
-    graph: the graph the ops are in.
-    ops: ops built on device 0 that may be copied.
-  """
-  if graph.seed is not None:
-    return None
-  for op in ops:
-    if not _SEEDED_OP_TYPE.search(op.type):
-      continue
-    try:
-      seeds = (op.get_attr('seed'), op.get_attr('seed2'))
-    except ValueError:
-      continue
-    if any(seeds):
-      return ('random op {} has an op-level seed (seed={}), so every '
-              'per-device call would draw the same numbers while each copy '
-              'draws its own'.format(op.name, seeds[1]))
   return None
 
 

@@ -239,6 +239,7 @@ class GraphCopier(object):
     graph_def = tf1.GraphDef()
     graph_def.versions.CopyFrom(self._graph.graph_def_versions)
     functions = function_copies.FunctionCopies(self._graph, graph_def.library)
+    reseed = node_defs.reseeds(self._graph)
     external = {}  # input name in a NodeDef -> Tensor or Operation
     for op in ops:
       for tensor in op.inputs:
@@ -277,8 +278,9 @@ class GraphCopier(object):
             self._copies[tower_id].get(anchor.name, anchor).device
             if anchor is not None else
             self._copy_device(op, node_def, tower_id, devices))
-        node_defs.offset_seed(node, tower_id)
-        functions.rename(node, prefix, tower_id)
+        if reseed:  # seeds derived from the graph's: draw per copy
+          node_defs.offset_seed(node, tower_id)
+          functions.rename(node, prefix, tower_id)
         if 'frame_name' in node.attr:
           # A TF1 tf.while_loop runs in the frame its Enter ops name: each
           # copy of the loop needs its own, or TF takes the copies for one

@@ -31,6 +31,19 @@ def rename_colocation(node, prefix, copied):
     del node.attr['_class']
 
 
+def reseeds(graph):
+  """Whether copies of `graph`'s seeded random ops get seeds of their own.
+
+  Without a graph seed, a seeded random op has an op-level seed
+  (`tf.random.uniform(..., seed=5)`): a call per device gives every device
+  that seed and the same numbers, so the copies keep it too. With one, TF
+  derives the op seed from the op's position in the graph, which another
+  call changes (an explicit op seed cannot be told from a derived one
+  there).
+  """
+  return graph.seed is not None
+
+
 def is_seeded(node):
   """Whether a `NodeDef` is a random op with a seed.
 
@@ -42,7 +55,12 @@ def is_seeded(node):
 
 
 def offset_seed(node, tower_id):
-  """Gives a seeded random op of copy `tower_id` its own `seed2`."""
+  """Gives a seeded random op of copy `tower_id` its own `seed2`.
+
+  Only for graphs with a graph-level seed (see `reseeds`): there a random op
+  without an op seed gets one derived from its position in the graph, so a
+  call of the function per device draws other numbers on every device.
+  """
   if not is_seeded(node):
     return
   node.attr['seed2'].i = (node.attr['seed2'].i +

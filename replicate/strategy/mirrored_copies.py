@@ -9,8 +9,9 @@ sync point needs is copied onto the other replicas' devices with
 `graph_copy.GraphCopier` (one `tf.import_graph_def` per sync point). The
 copies read their replica's own inputs and their own copy of each mirrored
 (and sync-on-read) variable; a value a `merge_call` handed replica 0 reads,
-in copy i, what it handed replica i; seeded random ops draw their own numbers
-per copy. The merge function gets per-replica arguments (replica i's: the
+in copy i, what it handed replica i; with a graph seed, seeded random ops
+draw their own numbers per copy, and without one an op-level seed draws the
+same numbers in every copy, as in every call (node_defs.reseeds). The merge function gets per-replica arguments (replica i's: the
 copies of replica 0's) and runs once, as with per-replica calls.
 
 Where copying cannot be shown to be right, `CLONE` raises
@@ -18,8 +19,8 @@ Where copying cannot be shown to be right, `CLONE` raises
 and never switches to calls mid-run: before anything is built, when the
 replicas are built inside a graph function or loop body or their inputs
 differ other than as tensors of one shape; during the run, when replica 0
-asks `replica_id_in_sync_group` or `devices`, a `merge_call` hands the
-replicas different Python values, or a random op has an op-level seed.
+asks `replica_id_in_sync_group` or `devices`, or a `merge_call` hands the
+replicas different Python values.
 Python side effects of the function (a counter, a Python random number)
 happen once, not per replica.
 """
@@ -60,10 +61,6 @@ class ReplicaCopier(graph_copier.GraphCopier):
   A copy goes to replica i's device where its original went to replica 0's,
   and where the original was pinned elsewhere (a `tf.device` inside the
   function) to the same place, as a per-replica call would put it.
-
-  Raises:
-    InvalidArgumentError: from `clone`, where an op to copy is a random op
-      with an op-level seed (`POLICY`).
   """
 
   def __init__(self, graph, devices, first_op_index, replica_inputs):
@@ -81,12 +78,6 @@ class ReplicaCopier(graph_copier.GraphCopier):
       self.map_variables([v.values[0] for v in variables],
                          [[v.values[i] for v in variables]
                           for i in range(len(self._devices))])
-
-  def _import(self, ops, *args, **kwargs):
-    # Checked on what is copied: a seeded initializer of a variable (made
-    # once, by replica 0, with either build) is not.
-    POLICY.check(copy_policy.reason_op_level_seeds(self._graph, ops))
-    return super(ReplicaCopier, self)._import(ops, *args, **kwargs)
 
   def _requested_device(self, op):
     return op.device or None

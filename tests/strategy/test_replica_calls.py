@@ -79,14 +79,16 @@ class RandomOpsTest(tf.test.TestCase, parameterized.TestCase):
     for i in range(1, 4):
       self.assertAllEqual(uniform[0], uniform[i])
 
-  def test_op_level_seed_cannot_be_copied(self):
+  def test_op_level_seed_copies_draw_as_calls(self):
+    # Without a graph seed, copies keep the op seed 5 as every call does:
+    # every replica draws the numbers the calls draw.
     def fn():
-      return (tf.random.uniform([5], seed=5, name='seeded'),)
-    with self.assertRaisesRegex(
-        errors.InvalidArgumentError,
-        r'ReplicaBuild.CLONE\) copies replica 0.*random op seeded.* has an '
-        r'op-level seed \(seed=5\).*CALL_PER_REPLICA'):
-      _draw(2, CLONE, graph_seed=None, fn=fn)
+      return (tf.random.uniform([5], seed=5),)
+    (cloned,), = _draw(4, CLONE, graph_seed=None, fn=fn)
+    (called,), = _draw(4, PER_REPLICA, graph_seed=None, fn=fn)
+    for i in range(4):
+      self.assertAllEqual(called[i], cloned[i])
+      self.assertAllEqual(cloned[0], cloned[i])
 
   def test_seeded_initializer_is_not_copied(self):
     # A variable's seeded initializer runs once (the variable is mirrored,

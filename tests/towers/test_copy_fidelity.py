@@ -417,6 +417,47 @@ class ForwardWriteTest(tf.test.TestCase, parameterized.TestCase):
     self.assertNear(2.0, values['side_effects'], 1e-6)
 
 
+def _dropout_model_fn(features, labels, mode, params):
+  """PREDICT: each row's dropout mask of ones (`params['seed']`: op seed)."""
+  del labels
+  ones = tf.ones_like(features['x'])
+  mask = tf1.nn.dropout(ones, rate=0.5, seed=params.get('seed'))
+  return tf1.estimator.EstimatorSpec(mode, predictions={'mask': mask})
+
+
+class RandomSeedTest(tf.test.TestCase, parameterized.TestCase):
+  """Copies draw what a model_fn call per tower would draw."""
+
+  def _masks(self, graph_seed, op_seed, build):
+    with tf.Graph().as_default():
+      if graph_seed is not None:
+        tf1.set_random_seed(graph_seed)
+      spec = replicate.replicate_model_fn(
+          _dropout_model_fn, devices=mt.cpus(4), tower_build=build)(
+              {'x': tf.zeros([16, 6])}, None, mt.PREDICT, {'seed': op_seed})
+      with tf1.Session(config=replicate.testing.virtual_cpu_config(4)) as s:
+        return s.run(spec.predictions)['mask'].reshape(4, 4, 6)
+
+  def test_op_level_seed_draws_as_calls(self):
+    # No graph seed, op seed 3: every call's dropout gets seeds
+    # (DEFAULT_GRAPH_SEED, 3), so every tower draws tower 0's mask; the
+    # copies keep those seeds.
+    copied = self._masks(None, 3, replicate.TowerBuild.CLONE)
+    called = self._masks(None, 3, replicate.TowerBuild.CALL_PER_TOWER)
+    self.assertAllEqual(called, copied)
+    for tower in range(1, 4):
+      self.assertAllEqual(copied[0], copied[tower])
+
+  def test_graph_seed_draws_per_tower(self):
+    # Graph seed 7, no op seed: the op seed derives from the op's place in
+    # the graph, which differs per call; copies get their own seed2.
+    copied = self._masks(7, None, replicate.TowerBuild.CLONE)
+    for tower in range(1, 4):
+      self.assertFalse(np.array_equal(copied[0], copied[tower]), tower)
+    self.assertAllEqual(copied, self._masks(7, None,
+                                            replicate.TowerBuild.CLONE))
+
+
 def _num_gpus():
   return len(tf1.config.experimental.list_physical_devices('GPU'))
 
