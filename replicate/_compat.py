@@ -281,40 +281,6 @@ def current_control_dependencies(graph):
   return set(graph._current_control_dependencies())  # pylint: disable=protected-access
 
 
-# --- device checks (core/device_check.py) ---
-
-
-def estimator_default_session_configs(run_config):
-  """The session configs the Estimator puts in place of a missing one.
-
-  `Estimator.__init__` replaces a `RunConfig` without `session_config` by
-  `run_config.get_default_session_config()` (`allow_soft_placement: true`
-  and a graph rewrite option) before `model_fn` runs; in a cluster,
-  `RunConfig.__init__` puts `_get_default_session_config_distributed()` (the
-  same, with device filters) there. Neither function is public, in TF 1.15's
-  or 2.15's tensorflow_estimator.
-
-  Args:
-    run_config: the `RunConfig` passed to `model_fn`.
-
-  Returns:
-    A list of `ConfigProto`s; a user's config equal to one of them is the
-    Estimator's default, not the user's wish.
-  """
-  from tensorflow_estimator.python.estimator import run_config as run_config_lib  # pylint: disable=g-import-not-at-top
-  defaults = [run_config_lib.get_default_session_config()]
-  distributed = getattr(run_config,
-                        '_get_default_session_config_distributed', None)
-  if distributed is not None:
-    try:
-      config = distributed()
-    except (AttributeError, TypeError, ValueError):
-      config = None
-    if config is not None:
-      defaults.append(config)
-  return defaults
-
-
 # --- replicate_model_fn: SavedModel export ---
 
 # The method of `tf.estimator.Estimator` (tensorflow_estimator 1.15 and 2.15)
