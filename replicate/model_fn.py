@@ -23,6 +23,7 @@ from replicate.core import device_check
 from replicate.cross_tower import all_reduce_ops
 from replicate.cross_tower import cross_tower_base
 from replicate.cross_tower import worker_all_reduce
+from replicate.towers import batch_split
 from replicate.towers import device_setter
 from replicate.towers import replicated_variables
 from replicate.towers import serving
@@ -44,7 +45,8 @@ def replicate_model_fn(model_fn,
                        variable_placement=VariablePlacement.CONSOLIDATION_DEVICE,
                        ps_strategy=None,
                        tower_build=TowerBuild.CLONE,
-                       cross_tower_ops=None):
+                       cross_tower_ops=None,
+                       unsplit_features=None):
   """Replicates `model_fn` over local devices: one tower per device.
 
   Drop-in for contrib's `replicate_model_fn`:
@@ -54,10 +56,11 @@ def replicate_model_fn(model_fn,
           config=tf.estimator.RunConfig(session_config=...))
 
   `my_model_fn` must wrap its optimizers in `replicate.TowerOptimizer`. The
-  global batch is split along dimension 0 (it must be divisible by the number
-  of devices); each tower computes gradients on its shard; the gradients are
-  summed per variable and applied once, so training follows the unreplicated
-  model on the full batch. Tower 0 is built under no extra name scope, tower
+  global batch, of any size, is split along dimension 0 as evenly as it goes
+  (the first `b % N` towers get one more row; see
+  replicate/towers/batch_split.py); each tower computes gradients on its
+  shard; the gradients are summed per variable and applied once, so training
+  follows the unreplicated model on the full batch. Tower 0 is built under no extra name scope, tower
   `i` under `tower_<i>`, and variables are shared, so checkpoints carry the
   names of the unreplicated model and are interchangeable with it. In every
   mode `model_fn` is called once and towers 1..N-1 are copies of tower 0's
@@ -71,7 +74,8 @@ def replicate_model_fn(model_fn,
       optionally `params` and `config`, returning an `EstimatorSpec`.
     loss_reduction: how `model_fn` reduces its loss, a
       `tf.compat.v1.losses.Reduction`. `SUM` adds the tower losses; `MEAN`,
-      `SUM_OVER_BATCH_SIZE` and `SUM_BY_NONZERO_WEIGHTS` average them.
+      `SUM_OVER_BATCH_SIZE` and `SUM_BY_NONZERO_WEIGHTS` average them,
+      each weighted by its tower's share of the batch's rows.
     devices: device strings, one tower each. `None`: every local GPU, or the
       CPU if there is none. With one device the model is only placed there.
     variable_placement: a `VariablePlacement`: all variables on the
@@ -103,20 +107,26 @@ def replicate_model_fn(model_fn,
       `replicate.NcclAllReduce()`); None chooses:
       `replicate.cross_tower_ops.choose_the_best` for the towers, or (the
       only choice there) collective ops across the tasks of a cluster.
+    unsplit_features: names of features (keys of the features dict) that
+      every tower gets whole instead of a shard, e.g. a vocabulary tensor
+      whose dimension 0 is no batch. Scalars are always given whole.
 
   Returns:
     A `model_fn` with the signature `(features, labels, mode, params, config)`.
 
   Raises:
-    InvalidTypeError: if `model_fn` is not callable, `devices` is not a list
-      of strings, or `cross_tower_ops` is not a `CrossTowerOps`.
+    InvalidTypeError: if `model_fn` is not callable, `devices` or
+      `unsplit_features` is not a list of strings, or `cross_tower_ops` is
+      not a `CrossTowerOps`.
     InvalidArgumentError: if `loss_reduction` is `NONE` or unknown, `devices`
       is empty or repeats a device, `variable_placement` or `tower_build` is
       unknown, `ps_strategy` comes with `ROUND_ROBIN` or `REPLICATED`,
       `REPLICATED` with `CALL_PER_TOWER`, or `cross_tower_ops` without
-      `REPLICATED`. When the model is built: `PARAMETER_SERVERS` or
-      `ps_strategy` without a `ps` job in the cluster, `ROUND_ROBIN` with
-      one, devices naming a job or task the cluster does not have (see
+      `REPLICATED`. When the model is built: `unsplit_features` naming a
+      feature there is not, a feature or label split whose dimension 0 is
+      not the batch's (a run-time assertion where the sizes are not
+      static), `PARAMETER_SERVERS` or `ps_strategy` without a `ps` job in
+      the cluster, `ROUND_ROBIN` with one, devices naming a job or task the cluster does not have (see
       `replicate.cluster.placement.placement`), a device the session lacks
       where `session_config` does not allow soft placement (with soft
       placement, as the Estimator's default session config has, one WARNING
@@ -167,6 +177,7 @@ def replicate_model_fn(model_fn,
         "copying tower 0's graph; it cannot build towers by calling model_fn "
         'once each (tower_build=CALL_PER_TOWER). Use tower_build=TowerBuild.'
         'CLONE, or VariablePlacement.CONSOLIDATION_DEVICE.')
+  unsplit_features = batch_split.check_unsplit_features(unsplit_features)
   if devices is not None:
     devices = _canonical_devices(devices)
   warned_missing_devices = set()  # warn once per replicate_model_fn
@@ -206,7 +217,7 @@ def replicate_model_fn(model_fn,
           placement.tower_devices)
     spec = tower_build_lib.build(model_fn, features, labels, mode, params,
                                  config, placement, loss_reduction,
-                                 tower_build, replicated)
+                                 tower_build, replicated, unsplit_features)
     if (mode == ModeKeys.TRAIN and replicated is not None and
         placement.num_workers > 1):
       # Every task initializes its own variables, then takes the chief's.

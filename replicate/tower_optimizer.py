@@ -153,9 +153,10 @@ class TowerOptimizer(tf1.train.Optimizer):
   def compute_gradients(self, loss, var_list=None, **kwargs):
     """Computes the gradients of this tower's share of the loss.
 
-    The loss is first scaled as the loss reduction requires (divided by the
-    number of towers unless the reduction is `SUM`), so that summing the
-    towers' gradients gives the gradient of the unreplicated loss. In a
+    The loss is first scaled as the loss reduction requires (unless the
+    reduction is `SUM`, weighted by the tower's share of the batch's rows:
+    `1 / num_towers` for an even split), so that summing the towers'
+    gradients gives the gradient of the unreplicated loss. In a
     replica of `replicate.MirroredStrategy` the loss is not scaled (each
     replica scales its loss to the global batch).
 

@@ -29,7 +29,7 @@ _PER_TOWER_REQUESTED = 'tower_build is TowerBuild.CALL_PER_TOWER'
 
 
 def build(model_fn, features, labels, mode, params, config, placement,
-          loss_reduction, tower_build, replicated=None):
+          loss_reduction, tower_build, replicated=None, unsplit_features=()):
   """Builds the towers of `model_fn` and returns the merged `EstimatorSpec`.
 
   Args:
@@ -45,6 +45,7 @@ def build(model_fn, features, labels, mode, params, config, placement,
     tower_build: a `TowerBuild`.
     replicated: under `VariablePlacement.REPLICATED`, a
       `replicated_variables.ReplicatedVariables` for these towers, else None.
+    unsplit_features: keys of `features` every tower gets whole.
 
   Returns:
     An `EstimatorSpec`.
@@ -65,6 +66,8 @@ def build(model_fn, features, labels, mode, params, config, placement,
   choose_parameter_device = placement.choose_parameter_device
   aggregation_device = placement.aggregation_device
 
+  # Checked with one tower too, so that a model runs alike on any count.
+  batch_split.check_unsplit_names(features, unsplit_features)
   with tower_context.replication_scope(replication):
     if num_towers == 1:
       # One device: no splitting, scaling or aggregation; only placement.
@@ -76,17 +79,23 @@ def build(model_fn, features, labels, mode, params, config, placement,
 
     if replicated is not None:
       replicated.note_existing(tf1.trainable_variables())
-    feature_shards, label_shards = batch_split.split_batch(
-        features, labels, num_towers, aggregation_device)
+    split = batch_split.split_batch(features, labels, num_towers,
+                                    aggregation_device, unsplit_features)
+    feature_shards, label_shards = split.feature_shards, split.label_shards
+    replication.tower_rows = split.rows
+    replication.batch_size = split.batch_size
     collections = tower_collections.TowerCollections(
         graph, num_towers,
         share_regularization=loss_reduction != tf1.losses.Reduction.SUM)
     cloner = None
     if tower_build == TowerBuild.CLONE:
+      # A copy reads its tower's shard and row count in place of tower 0's.
       cloner = tower_copier.TowerCloner(
           graph, devices, len(graph.get_operations()), [
-              tf.nest.flatten((shard, label_shard), expand_composites=True)
-              for shard, label_shard in zip(feature_shards, label_shards)
+              tf.nest.flatten((shard, label_shard), expand_composites=True) +
+              ([split.rows[i]] if split.rows else [])
+              for i, (shard, label_shard) in enumerate(
+                  zip(feature_shards, label_shards))
           ])
       if mode == ModeKeys.TRAIN:
         # Copied at tower 0's first TowerOptimizer.apply_gradients.

@@ -175,7 +175,8 @@ def copied_specs(cloner, replication, first_spec, unscaled_loss, collections):
         tower_id, [cloner.get(tower_id, loss) for loss in losses])
     with tf1.device(cloner.device(tower_id)), tf1.name_scope(
         cloner.name_scope(tower_id)):
-      loss = replication.scale_loss(cloner.get(tower_id, unscaled_loss))
+      loss = replication.scale_loss(cloner.get(tower_id, unscaled_loss),
+                                    tower_id)
     specs.append(first_spec._replace(loss=loss))
   return specs
 

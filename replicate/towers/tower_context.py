@@ -113,6 +113,9 @@ class Replication(object):
       rule, one of them, and then needs no copying round of its own).
     replicated: under `VariablePlacement.REPLICATED`, the towers' own
       variables (`replicated_variables.ReplicatedVariables`), else None.
+    tower_rows: None where every tower gets `1 / num_towers` of a static
+      batch; else each tower's row count (an int64 scalar, see
+      batch_split.py), and `batch_size` the batch's.
   """
 
   def __init__(self, graph, num_towers, loss_reduction, replicated=None):
@@ -120,6 +123,8 @@ class Replication(object):
     self.num_towers = num_towers
     self.loss_reduction = loss_reduction
     self.replicated = replicated
+    self.tower_rows = None
+    self.batch_size = None
     self.tower = None
     self.cloner = None
     self.towers_cloned = False
@@ -134,23 +139,35 @@ class Replication(object):
     """The tower whose `apply_gradients` sums and applies every tower's."""
     return 0 if self.towers_cloned else self.num_towers - 1
 
-  def scale_loss(self, loss):
+  def scale_loss(self, loss, tower_id=None):
     """Scales one tower's loss so that summing the towers' gives the total.
 
-    `SUM` keeps tower losses as they are; every other reduction averages them
-    over towers (each tower's loss is already a mean over its shard), exactly
-    as contrib's `replicate_model_fn` did.
+    `SUM` keeps tower losses as they are. Every other reduction takes each
+    tower's loss as a mean over its rows and weights it by its share of the
+    batch: `1 / num_towers` where a static batch splits evenly (as contrib's
+    `replicate_model_fn` did), else `rows / batch_size`, and exactly 0 for a
+    tower without rows (whose mean over no rows may be NaN).
 
     Args:
       loss: a tower's loss tensor, or `None`.
+      tower_id: the tower whose loss it is; None for the tower being built.
 
     Returns:
       The scaled loss (`None` for `None`).
     """
     if loss is None or self.loss_reduction == tf1.losses.Reduction.SUM:
       return loss
-    return tf.math.truediv(
-        loss, tf.cast(self.num_towers, loss.dtype), name='averaged_loss')
+    if self.tower_rows is None:
+      return tf.math.truediv(
+          loss, tf.cast(self.num_towers, loss.dtype), name='averaged_loss')
+    rows = self.tower_rows[self.tower.tower_id if tower_id is None
+                           else tower_id]
+    with tf1.name_scope('weighted_loss'):
+      share = tf.math.divide_no_nan(tf.cast(rows, loss.dtype),
+                                    tf.cast(self.batch_size, loss.dtype))
+      weighted = loss * share
+      # Not 0 * loss: the loss of no rows may be NaN, and so its gradients.
+      return tf1.where(rows > 0, weighted, tf.zeros_like(weighted))
 
   def record_optimizer_call(self, optimizer_name, grads_and_vars,
                             tower_id=None):

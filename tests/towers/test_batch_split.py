@@ -16,7 +16,8 @@ class SplitBatchTest(tf.test.TestCase):
       features = tf.reshape(tf.range(8), [4, 2])
       labels = {'a': tf.constant([0, 1, 2, 3]), 'b': tf.constant([[4], [5],
                                                                  [6], [7]])}
-      f, l = batch_split.split_batch(features, labels, 2, '/cpu:0')
+      split = batch_split.split_batch(features, labels, 2, '/cpu:0')
+      f, l = split.feature_shards, split.label_shards
       f, l = self._run([f, l])
     self.assertAllEqual([[0, 1], [2, 3]], f[0])
     self.assertAllEqual([[4, 5], [6, 7]], f[1])
@@ -25,30 +26,66 @@ class SplitBatchTest(tf.test.TestCase):
 
   def test_labels_none(self):
     with tf.Graph().as_default():
-      _, labels = batch_split.split_batch(tf.zeros([4]), None, 4, '/cpu:0')
-    self.assertEqual([None] * 4, labels)
+      split = batch_split.split_batch(tf.zeros([4]), None, 4, '/cpu:0')
+    self.assertEqual([None] * 4, split.label_shards)
 
   def test_sparse_tensor_split_by_rows(self):
     with tf.Graph().as_default():
       # Rows 0..3; row r holds the value 10 * r at column r.
       sparse = tf1.SparseTensor(indices=[[0, 0], [1, 1], [2, 2], [3, 3]],
                                 values=[0, 10, 20, 30], dense_shape=[4, 4])
-      shards, _ = batch_split.split_batch({'s': sparse}, None, 2, '/cpu:0')
+      shards = batch_split.split_batch({'s': sparse}, None, 2,
+                                       '/cpu:0').feature_shards
       dense = self._run([tf1.sparse.to_dense(s['s']) for s in shards])
     self.assertAllEqual([[0, 0, 0, 0], [0, 10, 0, 0]], dense[0])
     self.assertAllEqual([[0, 0, 20, 0], [0, 0, 0, 30]], dense[1])
 
-  def test_sparse_tensor_not_divisible(self):
+  def test_sparse_tensor_not_divisible_is_split_unevenly(self):
     with tf.Graph().as_default():
-      sparse = tf1.SparseTensor(indices=[[0, 0]], values=[1], dense_shape=[3, 2])
-      with self.assertRaisesRegex(
-          ValueError, r"Batch size 3 of features\['s'\] is not divisible"):
-        batch_split.split_batch({'s': sparse}, None, 2, '/cpu:0')
+      # 3 rows on 2 shards: rows 0-1, then row 2.
+      sparse = tf1.SparseTensor(indices=[[0, 0], [2, 1]], values=[1, 2],
+                                dense_shape=[3, 2])
+      split = batch_split.split_batch({'s': sparse}, None, 2, '/cpu:0')
+      dense, rows = self._run(
+          [[tf1.sparse.to_dense(s['s']) for s in split.feature_shards],
+           split.rows])
+    self.assertEqual([2, 1], rows)
+    self.assertAllEqual([[1, 0], [0, 0]], dense[0])
+    self.assertAllEqual([[0, 2]], dense[1])
+
+  def test_even_static_batch_counts_no_rows(self):
+    with tf.Graph().as_default():
+      split = batch_split.split_batch(tf.zeros([4, 2]), tf.zeros([4]), 2,
+                                      '/cpu:0')
+    self.assertIsNone(split.rows)
+    self.assertIsNone(split.batch_size)
+
+  def test_uneven_dynamic_batch(self):
+    # 5 rows on 4 shards: [2, 1, 1, 1], in order.
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.int32, [None])
+      split = batch_split.split_batch(x, None, 4, '/cpu:0')
+      with tf1.Session() as sess:
+        shards, rows, size = sess.run(
+            [split.feature_shards, split.rows, split.batch_size],
+            {x: [0, 1, 2, 3, 4]})
+    self.assertEqual([[0, 1], [2], [3], [4]], [s.tolist() for s in shards])
+    self.assertEqual([2, 1, 1, 1], rows)
+    self.assertEqual(5, size)
+
+  def test_scalars_are_not_split(self):
+    with tf.Graph().as_default():
+      scale = tf.constant(2.0)
+      shards = batch_split.split_batch({'x': tf.zeros([4]), 's': scale}, None,
+                                       2, '/cpu:0').feature_shards
+    self.assertIs(scale, shards[0]['s'])
+    self.assertIs(scale, shards[1]['s'])
 
   def test_nested_features(self):
     with tf.Graph().as_default():
       features = {'a': (tf.zeros([4, 1]), tf.ones([4]))}
-      shards, _ = batch_split.split_batch(features, None, 2, '/cpu:0')
+      shards = batch_split.split_batch(features, None, 2,
+                                       '/cpu:0').feature_shards
     self.assertEqual([2, 1], shards[1]['a'][0].shape.as_list())
     self.assertEqual([2], shards[1]['a'][1].shape.as_list())
 
@@ -60,7 +97,8 @@ class SplitBatchTest(tf.test.TestCase):
 
   def test_split_runs_on_given_device(self):
     with tf.Graph().as_default():
-      shards, _ = batch_split.split_batch(tf.zeros([4]), None, 2, '/cpu:0')
+      shards = batch_split.split_batch(tf.zeros([4]), None, 2,
+                                       '/cpu:0').feature_shards
     self.assertEqual('/device:CPU:0', shards[0].op.device)
 
 

@@ -85,13 +85,13 @@ class EstimatorTest(tf.test.TestCase):
     self.assertAllClose([p['probabilities'] for p in expected_predictions],
                         [p['probabilities'] for p in predictions], rtol=1e-5)
 
-  def test_last_partial_batch_fails_clearly(self):
-    # 16 examples in batches of 6: the last batch has 4 examples, and 6 is not
-    # divisible by 4 towers either; the shape is dynamic (no drop_remainder).
+  def test_last_partial_batch_trains(self):
+    # 16 examples in batches of 6 on 4 towers: [2, 2, 1, 1] rows twice, then
+    # [1, 1, 1, 1]; the shape is dynamic (no drop_remainder). It used to fail
+    # as "not divisible by the number of towers".
     estimator = _estimator(self.get_temp_dir(), mt.cpus(4))
-    with self.assertRaisesRegex(tf.errors.InvalidArgumentError,
-                                r'not divisible by the number of towers \(4\)'):
-      estimator.train(_input_fn(batch_size=6, drop_remainder=False, count=1))
+    estimator.train(_input_fn(batch_size=6, drop_remainder=False, count=1))
+    self.assertEqual(3, estimator.get_variable_value('global_step'))
 
   def test_sync_replicas_optimizer(self):
     # SyncReplicasOptimizer with one replica aggregating one gradient set per

@@ -138,29 +138,32 @@ def _extra_optimizer_call_in(tower_id):
 
 class ModelFnErrorsTest(tf.test.TestCase):
 
-  def test_batch_not_divisible(self):
+  def test_feature_rows_differ_from_the_batch(self):
     with self.assertRaisesRegex(
-        ValueError, r"Batch size 6 of features\['x'\] is not divisible by the "
-        r'number of towers \(4\)'):
-      _build(_linear_model_fn, mt.cpus(4), features={'x': np.zeros([6, 3], np.float32)})
+        ValueError, r"features\['y'\] has 4 rows in dimension 0, but the batch "
+        r"has 6 \(features\['x'\], the first value split\).*unsplit_features"):
+      _build(_linear_model_fn, mt.cpus(4),
+             features={'x': np.zeros([6, 3], np.float32),
+                       'y': np.zeros([4, 3], np.float32)})
 
-  def test_dynamic_batch_not_divisible_fails_at_run_time(self):
+  def test_dynamic_feature_rows_differ_at_run_time(self):
     with tf.Graph().as_default():
       x = tf1.placeholder(tf.float32, [None, 3])
-      spec = replicate.replicate_model_fn(_linear_model_fn, devices=mt.cpus(4))(
-          {'x': x}, None, mt.TRAIN)
+      y = tf1.placeholder(tf.float32, [None, 3])
+      def model_fn(features, mode):
+        return _linear_model_fn(
+            {'x': tf.concat([features['x'], features['y']], 0)}, None, mode)
+
+      spec = replicate.replicate_model_fn(model_fn, devices=mt.cpus(4))(
+          {'x': x, 'y': y}, None, mt.TRAIN)
       with tf1.Session(config=replicate.testing.virtual_cpu_config(4)) as sess:
         sess.run(tf1.global_variables_initializer())
-        sess.run(spec.train_op, {x: np.zeros([8, 3])})  # 8 = 4 * 2: fine
+        sess.run(spec.train_op, {x: np.zeros([6, 3]), y: np.zeros([6, 3])})
         with self.assertRaisesRegex(
             tf.errors.InvalidArgumentError,
-            r'is not divisible by the number of towers \(4\)'):
-          sess.run(spec.train_op, {x: np.zeros([6, 3])})
-
-  def test_scalar_feature(self):
-    with self.assertRaisesRegex(
-        ValueError, r"features\['x'\] is a scalar, but every feature"):
-      _build(_linear_model_fn, mt.cpus(2), features={'x': np.float32(1.)})
+            r'has \(known at run time\) rows in dimension 0, but the batch '
+            r'has \(known at run time\).*unsplit_features'):
+          sess.run(spec.train_op, {x: np.zeros([6, 3]), y: np.zeros([5, 3])})
 
   def test_missing_tower_optimizer(self):
     def model_fn(features, labels, mode):

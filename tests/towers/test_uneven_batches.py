@@ -1,0 +1,342 @@
+"""Batches of any size: uneven and partial batches train, evaluate and predict
+like one device.
+
+Each Estimator case starts from one checkpoint (one unreplicated step), then
+the unreplicated and the replicated Estimator (4 towers) each train one epoch
+of `size` distinct rows in batches of `batch` (no drop_remainder, so the last
+batch is partial and the batch dimension dynamic), evaluate and predict.
+With batch 3 on 4 towers the shards are [1, 1, 1, 0]; with batch 6,
+[2, 2, 1, 1]; a final batch of 1 row is [1, 0, 0, 0].
+"""
+import shutil
+
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+
+import replicate
+from replicate._compat import tf1
+from replicate.towers import batch_split
+
+TOWERS = 4
+MAX_ROWS = 43
+TRAIN = tf1.estimator.ModeKeys.TRAIN
+PREDICT = tf1.estimator.ModeKeys.PREDICT
+Reduction = tf1.losses.Reduction
+
+# Row r: distinct features, label and (nonzero, non-uniform) weight.
+_ROWS = np.arange(MAX_ROWS, dtype=np.float32)
+_X = np.stack([np.sin(_ROWS), np.cos(0.7 * _ROWS), (_ROWS % 7) / 7.0 - 0.5],
+              axis=1).astype(np.float32)
+_Y = (np.sin(1.3 * _ROWS) + 0.1 * _ROWS / MAX_ROWS)[:, None].astype(
+    np.float32)
+_W = (1.0 + (_ROWS % 3))[:, None].astype(np.float32)
+
+
+def _input_fn(size, batch):
+  def input_fn():
+    features = {'x': _X[:size], 'id': np.arange(size, dtype=np.int64),
+                'w': _W[:size]}
+    return tf1.data.Dataset.from_tensor_slices(
+        (features, _Y[:size])).batch(batch)
+  return input_fn
+
+
+def _model_fn(features, labels, mode, params):
+  hidden = tf1.layers.dense(
+      features['x'], 4, activation=tf.nn.tanh,
+      kernel_initializer=tf1.glorot_uniform_initializer(seed=1), name='hidden')
+  prediction = tf1.layers.dense(
+      hidden, 1, kernel_initializer=tf1.glorot_uniform_initializer(seed=2),
+      name='out')
+  if mode == PREDICT:
+    return tf1.estimator.EstimatorSpec(
+        mode, predictions={'prediction': prediction, 'id': features['id']},
+        export_outputs={'out': tf1.estimator.export.RegressionOutput(
+            prediction)})
+  reduction = params['reduction']
+  # Weights only where the reduction's mean of towers equals one device's.
+  weights = (features['w'] if reduction == Reduction.SUM_BY_NONZERO_WEIGHTS
+             else 1.0)
+  loss = tf1.losses.mean_squared_error(labels, prediction, weights=weights,
+                                       reduction=reduction)
+  if params['plain_mean']:
+    loss = tf.reduce_mean(tf.square(labels - prediction))  # NaN on no rows
+  optimizer = replicate.TowerOptimizer(
+      tf1.train.AdamOptimizer(0.05) if params['optimizer'] == 'adam' else
+      tf1.train.GradientDescentOptimizer(0.1),
+      accumulation_steps=params['accumulation_steps'],
+      compression=params['compression'])
+  train_op = optimizer.minimize(loss, tf1.train.get_global_step())
+  metrics = {
+      'mse': tf1.metrics.mean_squared_error(labels, prediction),
+      'mean_prediction': tf1.metrics.mean(prediction),
+      'positive': tf1.metrics.accuracy(labels > 0, prediction > 0),
+  }
+  return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op,
+                                     eval_metric_ops=metrics)
+
+
+def _config(model_dir):
+  return tf1.estimator.RunConfig(
+      model_dir=model_dir, tf_random_seed=3,
+      session_config=replicate.testing.virtual_cpu_config(TOWERS),
+      save_summary_steps=None,
+      log_step_count_steps=None)
+
+
+class UnevenBatchEstimatorTest(tf.test.TestCase, parameterized.TestCase):
+
+  def _compare(self, size, batch, reduction=Reduction.SUM_BY_NONZERO_WEIGHTS,
+               optimizer='sgd', plain_mean=False, accumulation_steps=1,
+               compression=None, rtol=1e-5, **replication):
+    root = self.get_temp_dir() + '/' + self.id().split('.')[-1]
+    params = {'reduction': reduction, 'optimizer': optimizer,
+              'plain_mean': plain_mean,
+              'accumulation_steps': accumulation_steps,
+              'compression': compression}
+    one = tf1.estimator.Estimator(_model_fn, config=_config(root + '/one'),
+                                  params=params)
+    one.train(_input_fn(3, 3), steps=1)  # the checkpoint both start from
+    shutil.copytree(root + '/one', root + '/many')
+    many = tf1.estimator.Estimator(
+        replicate.replicate_model_fn(
+            _model_fn, loss_reduction=reduction,
+            devices=replicate.testing.virtual_cpu_devices(TOWERS),
+            **replication),
+        config=_config(root + '/many'), params=params)
+    one.train(_input_fn(size, batch))  # one epoch, the last batch partial
+    many.train(_input_fn(size, batch))
+
+    # TRAIN: every variable (Adam's slots, the global step) as one device's.
+    names = one.get_variable_names()
+    self.assertCountEqual(names, many.get_variable_names())
+    for name in names:
+      self.assertAllClose(one.get_variable_value(name),
+                          many.get_variable_value(name), rtol=rtol,
+                          atol=rtol / 10, msg=name)
+    # EVAL: every metric and the loss, every row counted once.
+    checkpoint = one.latest_checkpoint()
+    expected = one.evaluate(_input_fn(size, batch), checkpoint_path=checkpoint,
+                            name='one')
+    metrics = many.evaluate(_input_fn(size, batch),
+                            checkpoint_path=checkpoint, name='many')
+    self.assertCountEqual(expected, metrics)
+    for key in expected:
+      self.assertAllClose(expected[key], metrics[key], rtol=rtol,
+                          atol=rtol / 10, msg=key)
+    # PREDICT: every row once, in input order.
+    expected = list(one.predict(_input_fn(size, batch),
+                                checkpoint_path=checkpoint))
+    predictions = list(many.predict(_input_fn(size, batch),
+                                    checkpoint_path=checkpoint))
+    self.assertEqual(list(range(size)), [p['id'] for p in predictions])
+    self.assertAllClose([p['prediction'] for p in expected],
+                        [p['prediction'] for p in predictions], rtol=rtol,
+                        atol=rtol / 10)
+    return many
+
+  @parameterized.parameters(
+      (size, batch) for size in (1, 3, 5, 43) for batch in (3, 6))
+  def test_any_dataset_size(self, size, batch):
+    # e.g. 43 rows in batches of 6: 7 batches of 6 ([2, 2, 1, 1] rows per
+    # tower), then one of 1 ([1, 0, 0, 0]).
+    self._compare(size, batch)
+
+  @parameterized.named_parameters(
+      ('mean', Reduction.MEAN), ('sum_over_batch_size',
+                                 Reduction.SUM_OVER_BATCH_SIZE),
+      ('sum', Reduction.SUM))
+  def test_loss_reduction(self, reduction):
+    # SUM: a sum over the batch is the sum of the towers' sums; the others
+    # weight each tower's mean by its rows / the batch's.
+    self._compare(5, 3, reduction=reduction)
+
+  def test_weighted_mean_with_adam(self):
+    # SUM_BY_NONZERO_WEIGHTS with weights 1..3 (none zero): tower i's loss
+    # is sum(w * l) / rows_i, so rows_i / b times it sums to one device's.
+    self._compare(11, 6, reduction=Reduction.SUM_BY_NONZERO_WEIGHTS,
+                  optimizer='adam')
+
+  def test_mean_of_no_rows_is_no_nan(self):
+    # tf.reduce_mean over tower 3's 0 rows is NaN; its weight is exactly 0.
+    self._compare(5, 3, plain_mean=True)
+
+  def test_call_per_tower(self):
+    self._compare(5, 3, tower_build=replicate.TowerBuild.CALL_PER_TOWER)
+
+  def test_replicated(self):
+    self._compare(5, 6, optimizer='adam',
+                  variable_placement=replicate.VariablePlacement.REPLICATED)
+
+  def test_accumulation(self):
+    # 11 rows in batches of 3: micro-steps of 3, 3 | 3, 2 rows; each update
+    # averages the 2 batches' mean gradients, as one device's.
+    self._compare(11, 3, accumulation_steps=2)
+
+  def test_fp16_compression(self):
+    # Gradients travel as float16: equal to one device up to its precision.
+    self._compare(5, 3, compression=replicate.Compression.fp16, rtol=2e-3)
+
+
+def _linear_model_fn(features, labels, mode):
+  w = tf1.get_variable('w', [3, 1], initializer=tf1.ones_initializer())
+  prediction = tf.matmul(features['x'], w)
+  if 'scale' in features:
+    prediction *= features['scale']
+  if 'table' in features:
+    prediction += tf.reduce_sum(features['table'])
+  if mode == PREDICT:
+    return tf1.estimator.EstimatorSpec(
+        mode, predictions=prediction,
+        export_outputs={'out': tf1.estimator.export.PredictOutput(
+            {'prediction': prediction})})
+  loss = tf1.losses.mean_squared_error(labels, prediction)
+  train_op = replicate.TowerOptimizer(
+      tf1.train.GradientDescentOptimizer(0.1)).minimize(loss)
+  return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def _build(features, labels, mode=TRAIN, towers=TOWERS, **kwargs):
+  model_fn = replicate.replicate_model_fn(
+      _linear_model_fn, devices=replicate.testing.virtual_cpu_devices(towers),
+      **kwargs)
+  return model_fn(features, labels, mode)
+
+
+def _ops(graph, op_type):
+  return [op for op in graph.get_operations() if op.type == op_type]
+
+
+class UnevenBatchGraphTest(tf.test.TestCase):
+
+  def _session(self):
+    return tf1.Session(config=replicate.testing.virtual_cpu_config(TOWERS))
+
+  def _train(self, towers, features, labels, feed=None, **kwargs):
+    """`(w after one step, loss)` of one step on `features`."""
+    with tf.Graph().as_default():
+      spec = _build(features, labels, towers=towers, **kwargs)
+      with self._session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        loss, _ = sess.run([spec.loss, spec.train_op], feed)
+        return sess.run(tf1.global_variables('w')[0]), loss
+
+  def test_even_static_batch_keeps_the_even_split(self):
+    # 8 rows on 4 towers: one Split op, losses divided by 4, nothing counted
+    # at run time.
+    with tf.Graph().as_default() as graph:
+      spec = _build({'x': _X[:8]}, _Y[:8])
+      self.assertLen(_ops(graph, 'Split'), 2)  # features and labels
+      self.assertEqual([], _ops(graph, 'SplitV'))
+      self.assertEqual([], _ops(graph, 'PlaceholderWithDefault'))
+      self.assertEqual([], [op for op in graph.get_operations()
+                            if 'weighted_loss' in op.name])
+      self.assertNotEqual([], [op for op in graph.get_operations()
+                               if 'averaged_loss' in op.name])
+      self.assertIsNotNone(spec.train_op)
+
+  def test_uneven_static_batch_hides_the_row_count(self):
+    # 6 rows: [2, 2, 1, 1]; a copy of tower 0 must not bake in its 2 rows.
+    with tf.Graph().as_default() as graph:
+      seen = []
+
+      def model_fn(features, labels, mode):
+        seen.append(features['x'].shape.as_list())
+        return _linear_model_fn(features, labels, mode)
+
+      replicate.replicate_model_fn(
+          model_fn, devices=replicate.testing.virtual_cpu_devices(TOWERS))(
+              {'x': _X[:6]}, _Y[:6], TRAIN)
+      self.assertEqual([[None, 3]], seen)
+      self.assertLen(_ops(graph, 'SplitV'), 2)
+
+  def test_uneven_static_batch_equals_one_device(self):
+    # 6 rows: w after one step and the loss as one device's.
+    expected = self._train(1, {'x': _X[:6]}, _Y[:6])
+    got = self._train(TOWERS, {'x': _X[:6]}, _Y[:6])
+    self.assertAllClose(expected[0], got[0], rtol=1e-6)
+    self.assertAllClose(expected[1], got[1], rtol=1e-6)
+
+  def test_predict_and_export_outputs_in_order(self):
+    # 3 rows on 4 towers, [1, 1, 1, 0]: every row once, in order.
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [None, 3])
+      spec = _build({'x': x}, None, mode=PREDICT)
+      with self._session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        predictions, exported = sess.run(
+            [spec.predictions,
+             spec.export_outputs['out'].outputs['prediction']], {x: _X[:3]})
+    # w = ones: the prediction is the row sum.
+    self.assertAllClose(_X[:3].sum(axis=1, keepdims=True), predictions)
+    self.assertAllClose(_X[:3].sum(axis=1, keepdims=True), exported)
+
+  def test_sparse_feature_split_unevenly(self):
+    # 3 rows, [1, 1, 1, 0]: row r holds 10 * r at column r.
+    with tf.Graph().as_default():
+      sparse = tf1.SparseTensor(indices=[[0, 0], [1, 1], [2, 2]],
+                                values=[0, 10, 20], dense_shape=[3, 3])
+      split = batch_split.split_batch({'s': sparse}, None, TOWERS, '/cpu:0')
+      with tf1.Session() as sess:
+        dense, rows = sess.run(
+            [[tf1.sparse.to_dense(s['s']) for s in split.feature_shards],
+             split.rows])
+    self.assertEqual([1, 1, 1, 0], rows)
+    self.assertAllEqual([[0, 0, 0]], dense[0])
+    self.assertAllEqual([[0, 0, 20]], dense[2])
+    self.assertEqual((0, 3), dense[3].shape)
+
+  def test_scalar_feature_goes_to_every_tower(self):
+    features = {'x': _X[:6], 'scale': np.float32(2.0)}
+    expected = self._train(1, features, _Y[:6])
+    got = self._train(TOWERS, features, _Y[:6])
+    self.assertAllClose(expected[0], got[0], rtol=1e-6)
+    self.assertAllClose(expected[1], got[1], rtol=1e-6)
+
+  def test_unsplit_feature_goes_whole_to_every_tower(self):
+    # 'table' has 5 rows for a batch of 8: given whole, its sum (0.1 * 15)
+    # is added to every row's prediction in every tower.
+    table = np.arange(5, dtype=np.float32)[:, None] / 10
+    features = {'x': _X[:8], 'table': table}
+    expected = self._train(1, features, _Y[:8])
+    got = self._train(TOWERS, features, _Y[:8], unsplit_features=['table'])
+    self.assertAllClose(expected[0], got[0], rtol=1e-6)
+    self.assertAllClose(expected[1], got[1], rtol=1e-6)
+
+  def test_unsplit_features_must_be_a_list_of_strings(self):
+    for bad in ('table', [1], {'table': 1}):
+      with self.assertRaisesRegex(
+          TypeError, r'unsplit_features must be a list of feature names'):
+        replicate.replicate_model_fn(_linear_model_fn, unsplit_features=bad)
+
+  def test_unsplit_features_must_name_a_feature(self):
+    with tf.Graph().as_default():
+      with self.assertRaisesRegex(
+          ValueError, r"unsplit_features names 'tabel', but the features "
+          r"have no such key \(features: \['x'\]\)"):
+        _build({'x': _X[:8]}, _Y[:8], unsplit_features=['tabel'])
+
+  def test_feature_without_the_batch_rows_is_named(self):
+    with tf.Graph().as_default():
+      with self.assertRaisesRegex(
+          ValueError, r"features\['x'\] has 8 rows in dimension 0, but the "
+          r"batch has 5 \(features\['table'\], the first value split\).*"
+          r'unsplit_features=\[\.\.\.\]'):
+        _build({'x': _X[:8], 'table': np.zeros([5, 1], np.float32)}, _Y[:8])
+
+  def test_dynamic_mismatch_fails_at_run_time(self):
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [None, 3])
+      spec = _build({'x': x}, tf.constant(_Y[:8]))
+      with self._session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        with self.assertRaisesRegex(
+            tf.errors.InvalidArgumentError,
+            r'labels has 8 rows in dimension 0, but the batch has \(known '
+            r'at run time\) \(features\[.{1,2}x.{1,2}\], .*unsplit_features'):
+          sess.run(spec.train_op, {x: _X[:5]})
+
+
+if __name__ == '__main__':
+  tf.test.main()
