@@ -258,7 +258,8 @@ class ApiSurfaceTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(
         ('pack_max_bytes', 'pack_max_group', 'pack_small_bytes',
          'read_pack_max_bytes', 'fuse_min_bytes', 'one_thread_bytes',
-         'pack_size_sources', 'stitch_on_cpus'),
+         'pack_size_sources', 'stitch_on_cpus', 'all_reduce_bucket_bytes',
+         'all_reduce_min_buckets'),
         replicate.Tuning._fields)
 
 

@@ -19,7 +19,8 @@ from replicate.core import device_util
 from replicate.core import tuning as tuning_lib
 
 _Group = collections.namedtuple('_Group', ['positions', 'shapes', 'sizes'])
-_PackInfo = collections.namedtuple('_PackInfo', ['device_vars', 'plan'])
+# What a packer's `unpack` needs: each device's variables, the pack plan.
+PackInfo = collections.namedtuple('PackInfo', ['device_vars', 'plan'])
 
 
 def concat_group_key(tensor, device, max_bytes):
@@ -225,7 +226,7 @@ def reduce_concatenated(per_value_tensors, sources, reduce_fn, destinations,
   return pieces
 
 
-def _check_device_grads(device_grads):
+def check_device_grads(device_grads):
   """Validates the `[[(grad, var), ...] per device]` structure."""
   if not isinstance(device_grads, (list, tuple)) or not device_grads:
     raise errors.InvalidArgumentError(
@@ -254,11 +255,13 @@ def _num_elements(grad):
   return grad.shape.num_elements()
 
 
-def _concat_flat(grads):
+def concat_flat(grads):
+  """The flattened `grads`, concatenated (one dtype)."""
   return tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0)
 
 
-def _split_back(flat, shapes, sizes):
+def split_back(flat, shapes, sizes):
+  """Inverts `concat_flat`: pieces of `sizes` elements, reshaped."""
   return [tf.reshape(t, shape)
           for t, shape in zip(tf.split(flat, sizes, axis=0), shapes)]
 
@@ -300,7 +303,7 @@ class ConcatAndSplitPacker(object):
         or a shape is not fully defined.
       InvalidTypeError: if a gradient is an `IndexedSlices`.
     """
-    _check_device_grads(device_grads)
+    check_device_grads(device_grads)
     by_dtype = collections.OrderedDict()
     for position, (grad, _) in enumerate(device_grads[0]):
       by_dtype.setdefault(grad.dtype.base_dtype, []).append(position)
@@ -314,13 +317,13 @@ class ConcatAndSplitPacker(object):
     packed = []
     for grads in device_grads:
       device_packed = []
-      with _placed_with(grads[0][0]):
+      with placed_with(grads[0][0]):
         for group, chunk_sizes in plan:
-          flat = _concat_flat([grads[p][0] for p in group.positions])
+          flat = concat_flat([grads[p][0] for p in group.positions])
           device_packed.extend(
               (chunk, None) for chunk in tf.split(flat, chunk_sizes, axis=0))
       packed.append(device_packed)
-    info = _PackInfo([[v for _, v in grads] for grads in device_grads], plan)
+    info = PackInfo([[v for _, v in grads] for grads in device_grads], plan)
     return packed, info
 
   def unpack(self, summed_device_grads, pack_info):
@@ -329,13 +332,13 @@ class ConcatAndSplitPacker(object):
     for packs, device_vars in zip(summed_device_grads, pack_info.device_vars):
       grads = [None] * len(device_vars)
       offset = 0
-      with _placed_with(packs[0][0]):
+      with placed_with(packs[0][0]):
         for group, chunk_sizes in pack_info.plan:
           chunks = [g for g, _ in packs[offset:offset + len(chunk_sizes)]]
           offset += len(chunk_sizes)
           flat = chunks[0] if len(chunks) == 1 else tf.concat(chunks, axis=0)
           for position, grad in zip(
-              group.positions, _split_back(flat, group.shapes, group.sizes)):
+              group.positions, split_back(flat, group.shapes, group.sizes)):
             grads[position] = grad
       result.append(list(zip(grads, device_vars)))
     return result
@@ -396,7 +399,7 @@ class AggregateSmallTensorPacker(object):
         or a shape is not fully defined.
       InvalidTypeError: if a gradient is an `IndexedSlices`.
     """
-    _check_device_grads(device_grads)
+    check_device_grads(device_grads)
     first = [g for g, _ in device_grads[0]]
     plan = []
     for positions in self._plan(first):
@@ -406,16 +409,16 @@ class AggregateSmallTensorPacker(object):
     packed = []
     for grads in device_grads:
       device_packed = []
-      with _placed_with(grads[0][0]):
+      with placed_with(grads[0][0]):
         for group in plan:
           if len(group.positions) == 1:
             position = group.positions[0]
             device_packed.append(grads[position])
           else:
             device_packed.append(
-                (_concat_flat([grads[p][0] for p in group.positions]), None))
+                (concat_flat([grads[p][0] for p in group.positions]), None))
       packed.append(device_packed)
-    info = _PackInfo([[v for _, v in grads] for grads in device_grads], plan)
+    info = PackInfo([[v for _, v in grads] for grads in device_grads], plan)
     return packed, info
 
   def unpack(self, summed_device_grads, pack_info):
@@ -423,20 +426,20 @@ class AggregateSmallTensorPacker(object):
     result = []
     for packs, device_vars in zip(summed_device_grads, pack_info.device_vars):
       grads = [None] * len(device_vars)
-      with _placed_with(packs[0][0]):
+      with placed_with(packs[0][0]):
         for (packed, _), group in zip(packs, pack_info.plan):
           if len(group.positions) == 1:
             grads[group.positions[0]] = packed
           else:
             for position, grad in zip(
                 group.positions,
-                _split_back(packed, group.shapes, group.sizes)):
+                split_back(packed, group.shapes, group.sizes)):
               grads[position] = grad
       result.append(list(zip(grads, device_vars)))
     return result
 
 
-def _placed_with(tensor):
+def placed_with(tensor):
   """Colocates the ops created in the scope with `tensor`'s device.
 
   Uses the tensor's device as a device scope when it has one (so the new ops

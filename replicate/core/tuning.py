@@ -33,6 +33,11 @@ _FIELDS = collections.OrderedDict([
     ('pack_size_sources', 4),
     # Packs on CPU devices are copied by one thread (a DynamicStitch).
     ('stitch_on_cpus', True),
+    # All-reduced gradients go in buckets of up to this many bytes, in the
+    # order back-propagation ends them (PyTorch DDP's default bucket size)...
+    ('all_reduce_bucket_bytes', 25 * 1024 * 1024),
+    # ...and of at most this fraction of all the bytes, 1 / n.
+    ('all_reduce_min_buckets', 8),
 ])
 
 
@@ -57,6 +62,16 @@ class Tuning(collections.namedtuple('Tuning', list(_FIELDS))):
       over every tower (packs shrink and multiply as towers grow: O(N^2)
       concatenations for N towers).
     stitch_on_cpus: whether large packs on CPUs are copied by one thread.
+    all_reduce_bucket_bytes: the all-reduce of gradients (REPLICATED's
+      default `AllReduceCrossTowerOps`, and across workers) runs in buckets
+      filled in the order back-propagation ends the gradients, the last
+      layer's first, so that a bucket's collective starts while the layers
+      below are still differentiated; a bucket fills to this size. Smaller:
+      more of the communication overlaps, at a launch per bucket.
+    all_reduce_min_buckets: a bucket also fills to at most 1/n of all the
+      gradient bytes (rounded up), so that the bucket left waiting for the
+      first layer's gradient is small on small models too; 1: only
+      `all_reduce_bucket_bytes` bounds it.
   """
   __slots__ = ()
 
@@ -98,7 +113,9 @@ def _check_field(name, value):
     raise errors.InvalidTypeError(
         'Tuning.{} must be an int{}, got {!r}.'.format(
             name, ' or None' if name in _NULLABLE else '', value))
-  minimum = {'pack_max_group': 1, 'pack_size_sources': 1}.get(name, 0)
+  minimum = {'pack_max_group': 1, 'pack_size_sources': 1,
+             'all_reduce_bucket_bytes': 1,
+             'all_reduce_min_buckets': 1}.get(name, 0)
   if value < minimum:
     raise errors.InvalidArgumentError(
         'Tuning.{} must be at least {}, got {}.'.format(name, minimum, value))

@@ -27,21 +27,29 @@ class AllReduceAlgorithm(enum.Enum):
 class AllReduceCrossTowerOps(BatchAllReduceBase):
   """All-reduce among the devices of one machine, after optional repacking.
 
+  By default (`num_packs=None`) each device's tensors go in buckets filled
+  in the order they become ready, the last layer's gradients first
+  (`Tuning.all_reduce_bucket_bytes`, `all_reduce_min_buckets`), one
+  all-reduce per bucket, so that all-reduces start while back-propagation
+  still runs. contrib's knobs, when given, keep contrib's meaning:
   `num_packs > 0`: each device's tensors are concatenated and split into
-  `num_packs` packs; else, with `agg_small_grads_max_bytes > 0`, runs of
-  small tensors are grouped; else tensors are all-reduced one by one.
-  `IndexedSlices`, and destinations other than the values' own devices, are
-  reduced to one device instead, with one warning.
+  `num_packs` packs (`num_packs=1`, contrib's default: one all-reduce that
+  waits for every tensor); else, with `agg_small_grads_max_bytes > 0`, runs
+  of small tensors are grouped; else tensors are all-reduced one by one.
+  `agg_small_grads_max_bytes` without `num_packs` is contrib's default
+  `num_packs=1`. `IndexedSlices`, and destinations other than the values'
+  own devices, are reduced to one device instead, with one warning.
   """
 
-  def __init__(self, all_reduce_alg='nccl', num_packs=1,
+  def __init__(self, all_reduce_alg='nccl', num_packs=None,
                agg_small_grads_max_bytes=0, agg_small_grads_max_group=10):
     """Builds the object.
 
     Args:
       all_reduce_alg: `'nccl'` or `'hierarchical_copy'` (or an
         `AllReduceAlgorithm`).
-      num_packs: int >= 0, see the class docstring.
+      num_packs: None (buckets in the order the tensors become ready) or
+        an int >= 0, see the class docstring.
       agg_small_grads_max_bytes: int >= 0, largest tensor (bytes) grouped.
       agg_small_grads_max_group: int >= 1, most tensors in a group.
 
@@ -58,7 +66,8 @@ class AllReduceCrossTowerOps(BatchAllReduceBase):
           'Unknown all_reduce_alg {!r}; use one of {}.'.format(
               all_reduce_alg, ', '.join(repr(a.value)
                                         for a in AllReduceAlgorithm)))
-    check_int('num_packs', num_packs, 0)
+    if num_packs is not None:
+      check_int('num_packs', num_packs, 0)
     check_int('agg_small_grads_max_bytes', agg_small_grads_max_bytes, 0)
     check_int('agg_small_grads_max_group', agg_small_grads_max_group, 1)
     self._num_packs = num_packs

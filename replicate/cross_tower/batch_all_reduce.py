@@ -7,6 +7,7 @@ reduction to one device, with one warning per call that says why.
 import tensorflow as tf
 
 from replicate import errors
+from replicate.core import buckets
 from replicate.core import device_util
 from replicate.core import logs as logging
 from replicate.core import packing
@@ -23,9 +24,16 @@ def make_packer(num_packs, agg_small_grads_max_bytes,
                 agg_small_grads_max_group):
   """The packer the knobs ask for, or None (no repacking).
 
+  `num_packs=None` (replicate's default) packs in buckets filled in the
+  order the values become ready (`replicate.core.buckets`), unless
+  `agg_small_grads_max_bytes` is set: then contrib's default, one pack.
   `num_packs > 0` concatenates and splits into that many packs; else
   `agg_small_grads_max_bytes > 0` groups small tensors; else no packer.
   """
+  if num_packs is None:
+    if agg_small_grads_max_bytes <= 0:
+      return buckets.BucketPacker()
+    num_packs = 1  # contrib's default, under which agg_small_* is unused.
   if num_packs > 0:
     return packing.ConcatAndSplitPacker(num_packs)
   if agg_small_grads_max_bytes > 0 and agg_small_grads_max_group > 0:

@@ -1,7 +1,8 @@
 """The TF 1.14/1.15 `cross_device_ops` spellings, and contrib's destination checks.
 
 `NcclAllReduce` and `HierarchicalCopyAllReduce` are `AllReduceCrossTowerOps`
-with the algorithm fixed, constructed as TF 1.15's are (`num_packs=1`).
+with the algorithm fixed, constructed as TF 1.15's are (`num_packs`), whose
+default is replicate's buckets (`num_packs=1` is TF's one pack).
 `validate_destinations`, `check_destinations` are contrib 1.12's and TF
 1.15's module-level helpers, over `values.get_devices_from`.
 """
@@ -16,18 +17,21 @@ class _OneAlgorithmAllReduce(AllReduceCrossTowerOps):
 
   _ALGORITHM = None  # Set by each subclass.
 
-  def __init__(self, num_packs=1):
+  def __init__(self, num_packs=None):
     """Builds the object.
 
     Args:
-      num_packs: int >= 0; values are concatenated into this many packs per
-        device before the all-reduce (0: one all-reduce per value).
+      num_packs: None, buckets in the order the values become ready (see
+        `AllReduceCrossTowerOps`); or an int >= 0, values are concatenated
+        into this many packs per device before the all-reduce (TF's default
+        1; 0: one all-reduce per value).
 
     Raises:
       InvalidArgumentError: if `num_packs` < 0 (a ValueError, as in TF).
       InvalidTypeError: if `num_packs` is not an int.
     """
-    check_int('num_packs', num_packs, 0)
+    if num_packs is not None:
+      check_int('num_packs', num_packs, 0)
     super(_OneAlgorithmAllReduce, self).__init__(
         all_reduce_alg=self._ALGORITHM, num_packs=num_packs)
 

@@ -2,16 +2,16 @@
 
 `VariablePlacement.REPLICATED` in a `TF_CONFIG` cluster without a `ps` job
 all-reduces every tower's gradients over every task with collective ops.
-`WorkerAllReduce` is the `CollectiveAllReduce` it uses: small gradients
-packed into one collective per dtype (Horovod's fusion buffer), large ones
-one collective each, every sum scaled for the loss reduction.
+`WorkerAllReduce` is the `CollectiveAllReduce` it uses: gradients in
+buckets, in the order the backward pass ends them, one collective per
+bucket, every sum scaled for the loss reduction.
 """
-import collections
-
 import tensorflow as tf
 
 from replicate import _compat
 from replicate._compat import tf1
+from replicate.core import buckets
+from replicate.core import packing
 from replicate.core.reduce_util import ReduceOp
 from replicate.cross_tower import cross_tower_base
 from replicate.cross_tower import multi_worker_ops
@@ -37,29 +37,30 @@ def gradient_all_reduce(num_workers, loss_reduction):
 
 
 class WorkerAllReduce(multi_worker_ops.CollectiveAllReduce):
-  """`CollectiveAllReduce` of packed small gradients, scaled for the mean.
+  """`CollectiveAllReduce` of gradients in buckets, scaled for the mean.
 
-  In a batch of dense values on the same devices, the values smaller than
-  `pack_max_bytes` are reduced as one collective per dtype: each device's
-  values are flattened and concatenated, reduced, scaled and split again
-  (Horovod's fusion buffer), so many small variables cost one collective
-  rather than one each. Larger values are reduced one collective each, which
-  can start as soon as their gradient exists, while the rest of the backward
-  pass runs, and need no copy into a buffer. Other batches go through
-  `CollectiveAllReduce`. Every sum is then multiplied by `scale`.
+  A batch of dense values on the same devices is reduced in the buckets of
+  `replicate.core.buckets`, one collective per bucket: filled in the order
+  the values become ready (the last layer's gradients first) up to
+  `Tuning.all_reduce_bucket_bytes` (and `all_reduce_min_buckets`), so that
+  a bucket's collective starts while the backward pass still runs. The
+  values of a bucket are flattened and concatenated, reduced, scaled and
+  split again (Horovod's fusion buffer); a bucket of one value is reduced
+  as it is. Other batches go through `CollectiveAllReduce`. Every sum is
+  then multiplied by `scale`. Every task builds the same model, hence the
+  same buckets in the same order, so its collectives (keyed in build order)
+  meet the other tasks'.
   """
 
-  def __init__(self, num_workers, scale=1.0, pack_max_bytes=1 << 20):
+  def __init__(self, num_workers, scale=1.0):
     """Builds the object.
 
     Args:
       num_workers: int >= 1, how many tasks take part.
       scale: what every sum is multiplied by (1.0: nothing is).
-      pack_max_bytes: values of this size or larger are not packed.
     """
     super(WorkerAllReduce, self).__init__(num_workers=num_workers)
     self._scale = scale
-    self._pack_max_bytes = pack_max_bytes
 
   def _batch_reduce(self, reduce_op, value_destination_pairs):
     devices = value_destination_pairs[0][0].devices
@@ -69,39 +70,37 @@ class WorkerAllReduce(multi_worker_ops.CollectiveAllReduce):
       return [self._scaled(m) for m in super(
           WorkerAllReduce, self)._batch_reduce(reduce_op,
                                                value_destination_pairs)]
-    by_dtype = collections.OrderedDict()
-    alone = []
-    for position, (value, _) in enumerate(value_destination_pairs):
-      tensor = value.values[0]
-      if (tensor.shape.num_elements() * tensor.dtype.size >=
-          self._pack_max_bytes):
-        alone.append(position)
-      else:
-        by_dtype.setdefault(tensor.dtype.base_dtype, []).append(position)
+    values = [value for value, _ in value_destination_pairs]
+    first = [value.get(devices[0]) for value in values]
+    sizes = [packing.num_bytes(tensor) for tensor in first]
+    plan = buckets.plan_buckets(
+        sizes, buckets.ready_depths(first),
+        [tensor.dtype.base_dtype for tensor in first],
+        buckets.bucket_bytes(sum(sizes)))
     results = [None] * len(value_destination_pairs)
-    if alone:
-      reduced = super(WorkerAllReduce, self)._batch_reduce_on_devices(
-          ReduceOp.SUM, [value_destination_pairs[i] for i in alone])
-      for position, mirrored in zip(alone, reduced):
-        results[position] = self._scaled(mirrored)
-    for positions in by_dtype.values():
-      values = [value_destination_pairs[i][0] for i in positions]
-      sizes = [v.values[0].shape.num_elements() for v in values]
+    for positions in plan:
+      if len(positions) == 1:
+        reduced = super(WorkerAllReduce, self)._batch_reduce_on_devices(
+            ReduceOp.SUM, [value_destination_pairs[positions[0]]])[0]
+        results[positions[0]] = self._scaled(reduced)
+        continue
       packed = {}
       for d in devices:
         with tf1.device(d):
-          packed[d] = tf.concat([tf.reshape(v.get(d), [-1]) for v in values],
-                                axis=0)
+          packed[d] = packing.concat_flat([values[i].get(d)
+                                           for i in positions])
       reduced = super(WorkerAllReduce, self)._batch_reduce_on_devices(
           ReduceOp.SUM, [(values_lib.PerDevice(packed), list(devices))])[0]
       pieces = {}
       for d in devices:
         with tf1.device(d):
-          pieces[d] = tf.split(self._scale_tensor(reduced.get(d)), sizes)
-      for k, (position, value) in enumerate(zip(positions, values)):
-        results[position] = values_lib.Mirrored({
-            d: tf.reshape(pieces[d][k], value.values[0].shape)
-            for d in devices})
+          pieces[d] = packing.split_back(
+              self._scale_tensor(reduced.get(d)),
+              [first[i].shape for i in positions],
+              [first[i].shape.num_elements() for i in positions])
+      for k, position in enumerate(positions):
+        results[position] = values_lib.Mirrored(
+            {d: pieces[d][k] for d in devices})
     return results
 
   def _scale_tensor(self, tensor):

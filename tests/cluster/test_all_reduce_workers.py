@@ -256,8 +256,9 @@ class GradientAllReduceTest(tf.test.TestCase):
   def test_packed_and_alone_values_summed_and_scaled(self):
     devices = replicate.testing.virtual_cpu_devices(2)
     rng = np.random.RandomState(3)
-    # Per device: a 4x4 float32 (64 bytes: reduced alone, as large), and a
-    # float32 and a float64 vector (packed, one collective per dtype).
+    # Per device: a 4x4 float32 and a float32 vector (constants, ready at
+    # once: one bucket, packed) and a float64 vector (a bucket of its own:
+    # reduced alone).
     arrays = [[rng.standard_normal(shape).astype(dtype) for shape, dtype in
                (((4, 4), np.float32), ((3,), np.float32),
                 ((2,), np.float64))] for _ in devices]
@@ -270,7 +271,7 @@ class GradientAllReduceTest(tf.test.TestCase):
             per_device[device] = tf.constant(arrays[d][k])
         values.append((replicate.PerDevice(per_device), devices))
       all_reduce = replicate.multi_worker.WorkerAllReduce(
-          num_workers=1, scale=0.5, pack_max_bytes=64)
+          num_workers=1, scale=0.5)
       reduced = all_reduce.batch_reduce(replicate.ReduceOp.SUM, values)
       with tf1.Session(config=replicate.testing.virtual_cpu_config(2)) as s:
         results = s.run([[m.get(d) for d in devices] for m in reduced])

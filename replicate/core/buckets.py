@@ -1,0 +1,186 @@
+"""All-reduce buckets: gradients grouped in the order back-propagation ends them.
+
+One collective over every gradient waits for the last one, the first
+layer's, so none of the communication overlaps back-propagation. Grouped
+into buckets in the order the gradients become ready (the last layer's
+first), a bucket's collective can start while the layers below are still
+being differentiated: PyTorch DDP's buckets, Horovod's fusion buffer.
+
+When a gradient is ready is read from the graph: its depth, the longest path
+from a source to the op that makes it. That order does not depend on the
+order of the variables, and ops added after the gradient (a cast, a scale)
+keep it.
+
+A bucket holds at most `Tuning.all_reduce_bucket_bytes`, and at most
+`1 / Tuning.all_reduce_min_buckets` of all the bytes, so that the bucket
+left waiting for the last gradient is small on small models too. As in DDP,
+a bucket takes gradients until it holds that size or more, then the next
+one starts; gradients ready at the same depth (a layer's kernel and bias)
+stay in one bucket, since nothing is gained by splitting them. Every
+gradient is in exactly one bucket, so every byte is all-reduced once.
+"""
+import collections
+
+from replicate.core import packing
+from replicate.core import tuning as tuning_lib
+
+_Bucket = collections.namedtuple('_Bucket', ['positions', 'shapes', 'sizes'])
+
+
+def ready_depths(tensors):
+  """The depth of each tensor's op: the longest path to it from a source.
+
+  Inputs and control inputs count alike. An edge that closes a cycle (the
+  back edge of a while loop) is ignored. Only the ops the tensors depend on
+  are visited.
+
+  Args:
+    tensors: tensors of one graph.
+
+  Returns:
+    A list of ints, one per tensor.
+  """
+  depths = {}
+  predecessors = {}
+
+  def preds(op):
+    if op not in predecessors:
+      predecessors[op] = [t.op for t in op.inputs] + list(op.control_inputs)
+    return predecessors[op]
+
+  for tensor in tensors:
+    if tensor.op in depths:
+      continue
+    on_stack = {tensor.op}
+    stack = [(tensor.op, iter(preds(tensor.op)))]
+    while stack:
+      op, pending = stack[-1]
+      for pred in pending:
+        if pred not in depths and pred not in on_stack:
+          on_stack.add(pred)
+          stack.append((pred, iter(preds(pred))))
+          break
+      else:
+        stack.pop()
+        on_stack.discard(op)
+        depths[op] = max([depths[p] + 1 for p in preds(op) if p in depths] or
+                         [0])
+  return [depths[tensor.op] for tensor in tensors]
+
+
+def bucket_bytes(total_bytes, tuning=None):
+  """The size a bucket fills to, for `total_bytes` of gradients in all.
+
+  `min(all_reduce_bucket_bytes, ceil(total_bytes / all_reduce_min_buckets))`
+  of `tuning` (default: the current `Tuning`), at least 1.
+  """
+  tuning = tuning or tuning_lib.get_tuning()
+  share = -(-total_bytes // tuning.all_reduce_min_buckets)
+  return max(1, min(tuning.all_reduce_bucket_bytes, share))
+
+
+def plan_buckets(sizes, depths, dtypes, max_bytes):
+  """Groups values into buckets in the order they become ready.
+
+  Args:
+    sizes: the bytes of each value.
+    depths: when each value is ready (`ready_depths`); ties keep the order
+      given.
+    dtypes: each value's dtype; a bucket holds one dtype.
+    max_bytes: the size a bucket fills to (`bucket_bytes`).
+
+  Returns:
+    A list of buckets, each a list of positions into `sizes`, in the order
+    the buckets become ready (the bucket of the last value to be ready is
+    last). Every position is in exactly one bucket.
+  """
+  order = sorted(range(len(sizes)), key=lambda i: (depths[i], i))
+  open_buckets = collections.OrderedDict()  # dtype -> [positions, bytes]
+  done = []
+  for position in order:
+    dtype = dtypes[position]
+    current = open_buckets.get(dtype)
+    if current is not None and current[1] >= max_bytes and (
+        depths[current[0][-1]] < depths[position]):
+      done.append(current[0])
+      current = None
+    if current is None:
+      current = open_buckets[dtype] = [[], 0]
+    current[0].append(position)
+    current[1] += sizes[position]
+  done.extend(positions for positions, _ in open_buckets.values())
+  # Ready when their last value is: in that order, the last bucket last.
+  return sorted(done, key=lambda positions: (depths[positions[-1]],
+                                             positions[-1]))
+
+
+class BucketPacker(object):
+  """Packs each device's values into the buckets of `plan_buckets`.
+
+  The plan is made from the first device's values (every device holds the
+  same values, in the same order); a bucket of one value is that value, a
+  bucket of several is their flat concatenation. `pack(device_grads)`
+  returns `(packed_device_grads, pack_info)` and `unpack(reduced,
+  pack_info)` gives back the original structure, as the other packers of
+  `replicate.core.packing`.
+  """
+
+  def __init__(self, max_bytes=None):
+    """Builds the packer.
+
+    Args:
+      max_bytes: the size a bucket fills to; None: `bucket_bytes` of the
+        values' total size under the current `Tuning`.
+    """
+    self._max_bytes = max_bytes
+
+  def pack(self, device_grads):
+    """Packs `device_grads`; returns `(packed_device_grads, pack_info)`.
+
+    Raises:
+      InvalidArgumentError: if devices hold different numbers of gradients,
+        or a shape is not fully defined.
+      InvalidTypeError: if a gradient is an `IndexedSlices`.
+    """
+    packing.check_device_grads(device_grads)
+    first = [grad for grad, _ in device_grads[0]]
+    sizes = [packing.num_bytes(grad) for grad in first]
+    max_bytes = self._max_bytes or bucket_bytes(sum(sizes))
+    plan = []
+    for positions in plan_buckets(sizes, ready_depths(first),
+                                  [g.dtype.base_dtype for g in first],
+                                  max_bytes):
+      plan.append(_Bucket(tuple(positions),
+                          tuple(first[p].shape for p in positions),
+                          tuple(first[p].shape.num_elements()
+                                for p in positions)))
+    packed = []
+    for grads in device_grads:
+      device_packed = []
+      with packing.placed_with(grads[0][0]):
+        for bucket in plan:
+          if len(bucket.positions) == 1:
+            device_packed.append(grads[bucket.positions[0]])
+          else:
+            device_packed.append((packing.concat_flat(
+                [grads[p][0] for p in bucket.positions]), None))
+      packed.append(device_packed)
+    info = packing.PackInfo([[v for _, v in grads] for grads in device_grads],
+                            plan)
+    return packed, info
+
+  def unpack(self, summed_device_grads, pack_info):
+    """Inverts `pack`: `summed_device_grads` has the packed structure."""
+    result = []
+    for packs, device_vars in zip(summed_device_grads, pack_info.device_vars):
+      grads = [None] * len(device_vars)
+      with packing.placed_with(packs[0][0]):
+        for (packed, _), bucket in zip(packs, pack_info.plan):
+          if len(bucket.positions) == 1:
+            grads[bucket.positions[0]] = packed
+          else:
+            for position, grad in zip(bucket.positions, packing.split_back(
+                packed, bucket.shapes, bucket.sizes)):
+              grads[position] = grad
+      result.append(list(zip(grads, device_vars)))
+    return result
