@@ -46,6 +46,17 @@ class CopyPolicy(object):
         '{}, but {}: copies cannot be shown to do what {} does. Remove that '
         'reason, or {}.'.format(self._copies, reason, self._calls, self._fix))
 
+  def fallback_message(self, reason):
+    """Why a client that may fall back builds by calls instead (a warning).
+
+    `replicate_model_fn`'s towers fall back before any copy is made (at
+    tower 0's first optimizer call, or right after its `model_fn` call in
+    EVAL and PREDICT), never after.
+    """
+    return ('{}, but {}: copies cannot be shown to do what {} does, so the '
+            'build does that instead. To silence this, {}.'.format(
+                self._copies, reason, self._calls, self._fix))
+
   def check(self, reason):
     """Raises `error(reason)` unless `reason` is None.
 

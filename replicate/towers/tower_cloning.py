@@ -1,39 +1,36 @@
 """Towers 1..N-1 as copies of tower 0's training graph.
 
 Building N towers by calling `model_fn` N times costs N Python
-constructions of the model and N calls of `tf.gradients`: with 4 towers of
-100 dense layers, 2.3x the graph construction of the unreplicated model
-(benchmarks/results/profile_notes.md). In TRAIN, `replicate_model_fn`
-therefore calls `model_fn` once, for tower 0. When tower 0 hands its
-gradients to `TowerOptimizer.apply_gradients`, the ops it built to compute
-them (forward pass, loss, gradients and their gates) are copied onto every
-other tower's device with `tf.import_graph_def`: the same op types and
-attributes, named under `tower_<i>/` as if `model_fn` had built them there,
-reading tower i's shard of the batch. The copies are made before the
-gradients are summed, so `apply_gradients` returns the real update, as the
-last tower's does when towers are built one call at a time.
+constructions of the model and N calls of `tf.gradients` (figures:
+docs/performance.md). In TRAIN, `replicate_model_fn` therefore calls
+`model_fn` once, for tower 0. When tower 0 hands its gradients to
+`TowerOptimizer.apply_gradients`, the ops it built to compute them (forward
+pass, loss, gradients and their gates) are copied onto every other tower's
+device with `tf.import_graph_def`: the same op types and attributes, named
+under `tower_<i>/` as if `model_fn` had built them there, reading tower i's
+shard of the batch. The copies are made before the gradients are summed, so
+`apply_gradients` returns the real update.
 
-Shared with tower 0, not copied: variables and tables and their plain reads
-(a read with a control dependency is copied, since its position in the step
-matters); the update ops tower 0 added to `UPDATE_OPS` (the moving
-statistics come from tower 0, see tower_collections.py); and everything built
-before tower 0 (the batch split, the global step). Random ops of tower i get
-`seed2` offset by `i`, so that with a graph seed the towers draw different
-numbers, as separately built towers do.
+A copy must do what another `model_fn` call would have built (the rule of
+graph_copy/copy_policy.py; the table is docs/replicate_model_fn.md's "What
+a copy preserves"). Shared with tower 0, not copied: variables and lookup
+tables and their plain reads and initializers; the update ops tower 0 added
+to `UPDATE_OPS` (the documented difference: the moving statistics come from
+tower 0, see tower_collections.py); and everything built before tower 0
+(the batch split, the global step). Other writes the copies need (a counter
+in the forward pass) are copied, so every tower makes them. With a graph
+seed, random ops of tower i get `seed2` offset by `i` (node_defs.reseeds).
 
-Copying is only right where calling `model_fn` again would have built the
-same graph on other inputs. When that cannot be shown, every tower is built
-by its own `model_fn` call, as in tf.contrib, and one warning says why:
+When copying cannot be shown right, every tower is built by its own
+`model_fn` call, as in tf.contrib, and one warning says why (`POLICY`):
 `model_fn` asked `replicate.get_tower_context()` which tower it builds; the
 loss reduction is `SUM` and tower 0 created regularization losses (they
 count in tower 0 only); or a device scope around the replicated `model_fn`
-changed where tower 0's ops went. Control flow (TF1 `tf.cond` and
-`tf.while_loop`, whose frames are renamed per copy, and TF 2's functional
-ops) is copied like any other ops. What stays different from
-per-tower calls: `model_fn`'s Python code runs once, so Python-side state it
-keeps (a call counter, a Python random number) is the same for every tower,
-and summaries, hooks and other ops built after `apply_gradients` exist in
-tower 0 only. `TowerBuild.CALL_PER_TOWER` restores contrib's behaviour.
+changed where tower 0's ops went. What copies do not repeat: `model_fn`'s
+Python code runs once, so Python-side state it keeps (a call counter, a
+Python random number) is the same for every tower, and summaries, hooks and
+other ops built after `apply_gradients` exist in tower 0 only.
+`TowerBuild.CALL_PER_TOWER` restores contrib's behaviour.
 """
 import enum
 
@@ -42,6 +39,7 @@ import tensorflow as tf
 from replicate._compat import tf1
 from replicate.core import logs as logging
 from replicate.gradients import gradient_gating
+from replicate.graph_copy import copy_policy
 
 
 class TowerBuild(enum.Enum):
@@ -59,13 +57,19 @@ class TowerBuild(enum.Enum):
   CALL_PER_TOWER = 'call_per_tower'
 
 
+# "Copy, or say why not" (graph_copy/copy_policy.py), worded for towers.
+POLICY = copy_policy.CopyPolicy(
+    copies='replicate_model_fn(tower_build=TowerBuild.CLONE) copies tower 0 '
+           'onto the other towers',
+    calls='calling model_fn once per tower',
+    fix='pass tower_build=replicate.TowerBuild.CALL_PER_TOWER (what copies '
+        'preserve: docs/replicate_model_fn.md#what-a-copy-preserves)')
+
+
 def warn_not_cloned(reason):
   """Logs once why towers are built by calling model_fn per tower."""
-  logging.log_first_n(
-      logging.WARNING,
-      'replicate_model_fn builds every tower by calling model_fn, because %s. '
-      'Pass tower_build=replicate.TowerBuild.CALL_PER_TOWER to silence this; '
-      'see replicate/tower_cloning.py.', 1, reason)
+  logging.log_first_n(logging.WARNING, '%s', 1,
+                      POLICY.fallback_message(reason))
 
 
 def clone_optimizer_call(replication, call_index):

@@ -411,6 +411,17 @@ class FallbackTest(tf.test.TestCase, parameterized.TestCase):
                           'replicate.get_tower_context(), so its towers may '
                           'differ')
 
+  def test_warning_names_reason_and_fix(self):
+    # (warn_not_cloned logs this once per process.)
+    self.assertRegex(
+        tower_cloning.POLICY.fallback_message('model_fn does X'),
+        r'replicate_model_fn\(tower_build=TowerBuild.CLONE\) copies tower 0 '
+        r'onto the other towers, but model_fn does X: copies cannot be shown '
+        r'to do what calling model_fn once per tower does, so the build does '
+        r'that instead. To silence this, pass '
+        r'tower_build=replicate.TowerBuild.CALL_PER_TOWER \(what copies '
+        r'preserve: docs/replicate_model_fn.md#what-a-copy-preserves\)')
+
   def test_sum_reduction_with_regularization(self):
     def model_fn(features, labels, mode, params):
       del params
