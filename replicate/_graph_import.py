@@ -1,13 +1,13 @@
 """`tf.import_graph_def` into the default graph, without TF 1.15's graph scan.
 
-Private TensorFlow API, like `_compat.py` (which is at its size limit).
+Private TensorFlow API, like `_compat.py`: the one other module that may
+touch TF's internals.
 
 After the C import, TF 1.15 finds the ops it created by walking every op of
-the graph and looking each one up by name (`c_api_util.new_tf_operations`,
-about 4 us per op already in the graph). One import is cheap; one import per
-variable, as `MirroredStrategy` makes its copies (graph_copy/bulk_variables.py),
-walks the graph once per variable: about a quarter of the TF 1.15 build of
-a 100-layer model (docs/performance.md). Here the new ops are the import's
+the graph and looking each one up by name (`c_api_util.new_tf_operations`).
+One import is cheap; one import per variable, as `MirroredStrategy` makes
+its copies (graph_copy/bulk_variables.py), walks the graph once per variable
+(what that costs: docs/performance.md). Here the new ops are the import's
 return operations (every node of the `GraphDef` is asked for), so only they
 are wrapped. TF 2.x tracks new ops itself: there `tf.import_graph_def` is
 called.

@@ -96,12 +96,13 @@ def replicate_model_fn(model_fn,
     tower_build: a `replicate.TowerBuild`. `CLONE` (the default): call
       `model_fn` once and copy what tower 0 built (TRAIN: forward pass, loss
       and gradients; EVAL: loss and metric updates; PREDICT: predictions and
-      export outputs) onto the other devices, which builds the graph several
-      times faster and shares every variable tower 0 made; where copying
-      cannot be shown to be right (e.g. `model_fn` calls
-      `get_tower_context()`), a warning says why and every tower is built by
-      its own call. `CALL_PER_TOWER`: one `model_fn` call per tower in every
-      mode, as tf.contrib did. See replicate/towers/tower_cloning.py.
+      export outputs) onto the other devices, doing what another call would
+      have built, without running model_fn's Python again, and sharing
+      every variable tower 0 made; where copying cannot be shown to be
+      right (e.g. `model_fn` calls `get_tower_context()`), a warning says
+      why and every tower is built by its own call. `CALL_PER_TOWER`: one
+      `model_fn` call per tower in every mode, as tf.contrib did. What a
+      copy preserves: docs/replicate_model_fn.md.
     cross_tower_ops: with `REPLICATED` on one machine, the
       `replicate.CrossTowerOps` that all-reduces the gradients (e.g.
       `replicate.NcclAllReduce()`); None chooses:
