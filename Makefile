@@ -14,8 +14,9 @@ PYTHON311 ?= $(call find_python,3.11)
 VENV_TF1 := .venv/tf1
 VENV_TF2 := .venv/tf2
 PYTEST_ARGS ?= -q -p no:cacheprovider
+V1_BEHAVIOR_TESTS := tests/towers/test_model_suite.py tests/towers/test_copy_fidelity.py tests/graph_copy/test_copied_functions.py
 
-.PHONY: demo test test-tf1 test-tf2 lint bench bench-tf2 bench-scale sdist venv-tf1 venv-tf2 clean
+.PHONY: demo test test-tf1 test-tf2 test-tf2-v1 lint bench bench-tf2 bench-scale sdist venv-tf1 venv-tf2 clean
 
 demo: $(VENV_TF1)/.installed
 	$(VENV_TF1)/bin/python examples/digits_demo.py $(DEMO_ARGS)
@@ -29,6 +30,8 @@ test: $(VENV_TF1)/.installed $(VENV_TF2)/.installed
 	$(VENV_TF1)/bin/python -m pytest tests $(PYTEST_ARGS) || rc=1; \
 	echo "=== TF 2.15 (Python 3.11) ==="; \
 	$(VENV_TF2)/bin/python -m pytest tests $(PYTEST_ARGS) || rc=1; \
+	echo "=== TF 2.15 after disable_v2_behavior(): the fidelity suites ==="; \
+	REPLICATE_TEST_V1_BEHAVIOR=1 $(VENV_TF2)/bin/python -m pytest $(V1_BEHAVIOR_TESTS) $(PYTEST_ARGS) || rc=1; \
 	if [ $$rc -ne 0 ]; then echo "FAILED: lint or at least one TensorFlow suite failed"; fi; \
 	exit $$rc
 
@@ -42,6 +45,12 @@ test-tf1: $(VENV_TF1)/.installed
 
 test-tf2: $(VENV_TF2)/.installed
 	$(VENV_TF2)/bin/python -m pytest tests $(PYTEST_ARGS)
+
+# TF1 code on TF 2.15 usually runs after disable_v2_behavior() (TF1 control
+# flow): the suites that compare copied towers with one device run that way
+# too.
+test-tf2-v1: $(VENV_TF2)/.installed
+	REPLICATE_TEST_V1_BEHAVIOR=1 $(VENV_TF2)/bin/python -m pytest $(V1_BEHAVIOR_TESTS) $(PYTEST_ARGS)
 
 bench: $(VENV_TF1)/.installed
 	$(VENV_TF1)/bin/python benchmarks/run_all.py $(BENCH_ARGS)
