@@ -4,7 +4,7 @@ Holds the thread-local context stack (`distribute_context`), the
 `Strategy` / `StrategyExtended` / `ReplicaContext` API (`strategy_base`,
 `strategy_extended`, `replica_context`), the default one-replica strategy and
 the readers of the current context (`default_strategy`), input
-(`input_lib`), and the mirrored strategy: replica threads (`mirrored_run`),
+(`input_lib`; the split of global batches among replicas, `input_split`), and the mirrored strategy: replica threads (`mirrored_run`),
 the loop driving them (`replica_loop`), the opt-in replicas 1..N-1 as copies
 of replica 0 (`mirrored_copies`), mirrored and sync-on-read variables
 (`mirrored_values`, `sync_on_read`) and the strategy itself. `replicate/distribute_lib.py` and

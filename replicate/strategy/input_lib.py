@@ -1,11 +1,12 @@
 """Input iterators for strategies, and the multi-step loop.
 
 `DatasetIterator` splits each global batch of a dataset along dimension 0,
-one slice per replica device, in device order. `InputFunctionIterator` calls
-`input_fn(InputContext)` once (one worker) and gives replicas successive
-elements of the dataset it returns, in replica order. `DistributedDataset`
-(`Strategy.experimental_distribute_dataset`) makes `DatasetIterator`s,
-initializable or one-shot.
+one slice per replica device, in device order, as evenly as it can (a final
+partial batch too: some replicas get fewer rows, or none; `input_split`).
+`InputFunctionIterator` calls `input_fn(InputContext)` once (one worker) and
+gives replicas successive elements of the dataset it returns, in replica
+order. `DistributedDataset` (`Strategy.experimental_distribute_dataset`)
+makes `DatasetIterator`s, initializable or one-shot.
 """
 import enum
 
@@ -17,6 +18,7 @@ from replicate._compat import tf1
 from replicate.core.checks import check_int
 from replicate.cross_tower import values as values_lib
 from replicate.strategy import distribute_context
+from replicate.strategy import input_split
 
 
 class InputReplicationMode(enum.Enum):
@@ -170,31 +172,34 @@ class DatasetIterator(_IteratorBase):
     super(DatasetIterator, self).__init__(dataset, devices, one_shot)
 
   def get_next(self, name=None):
-    """The next global batch, split along dimension 0.
+    """The next global batch, split along dimension 0 in replica order.
+
+    A batch of `b` rows on `N` replicas: the first `b % N` replicas get
+    `b // N + 1` rows, the others `b // N` (none when `b < N`); every row
+    goes to one replica. So a dataset's final partial batch is split too.
 
     Args:
       name: an optional name for the `get_next` op.
 
     Returns:
-      The element's structure with `PerReplica` leaves (replica i gets rows
-      `[i * b, (i + 1) * b)` of a global batch of `n * b` rows); plain
-      tensors with one replica.
+      The element's structure with `PerReplica` leaves (replica i gets the
+      i-th slice of the global batch); plain tensors with one replica.
 
     Raises:
-      InvalidArgumentError: if a static batch dimension is not divisible by
-        the number of replicas (a dynamic one is checked when run).
+      InvalidArgumentError: if an input is a scalar, or two inputs' static
+        batch sizes differ (sizes known only at run time are checked by an
+        assertion that fails the step with the same explanation).
     """
     element = self._iterator.get_next(name=name)
     if self._devices is None:
       return element
-    num = len(self._devices)
-    splits = [split_batch(t, num) for t in tf.nest.flatten(element)]
+    flat = tf.nest.flatten(element)
     leaves = []
-    for pieces in splits:
+    for pieces in input_split.split_batch(flat, len(self._devices)):
       index = {}
       for device, piece in zip(self._devices, pieces):
         with tf.device(device):
-          index[device] = tf.identity(piece)
+          index[device] = input_split.identity(piece)
       leaves.append(values_lib.PerReplica(index))
     return tf.nest.pack_sequence_as(element, leaves)
 
@@ -236,46 +241,6 @@ class DistributedDataset(object):
         'A distributed dataset is iterated in graph mode through an iterator: '
         'use make_initializable_iterator() (run its initializer first) or '
         'make_one_shot_iterator(), then get_next().')
-
-
-def split_batch(tensor, num):
-  """Splits `tensor` along dimension 0 into `num` equal pieces.
-
-  Args:
-    tensor: a tensor with a batch dimension.
-    num: the number of pieces.
-
-  Returns:
-    A list of `num` tensors.
-
-  Raises:
-    InvalidArgumentError: if the static batch size is not divisible by `num`,
-      or the tensor is a scalar.
-  """
-  if tensor.shape.ndims == 0:
-    raise errors.InvalidArgumentError(
-        'Cannot split the scalar input {} among {} replicas; the dataset must '
-        'yield batches (dimension 0 is the batch).'.format(tensor.name, num))
-  batch = tf.compat.dimension_value(tensor.shape[0]) if (
-      tensor.shape.ndims is not None) else None
-  if batch is not None:
-    if batch % num:
-      raise errors.InvalidArgumentError(
-          'The global batch size ({}) of input {} is not divisible by the '
-          'number of replicas ({}); batch the dataset with a multiple of {} '
-          '(drop_remainder=True keeps the last batch full).'.format(
-              batch, tensor.name, num, num))
-    return tf.split(tensor, num, axis=0)
-  rows = tf.shape(tensor)[0]
-  check = tf1.assert_equal(
-      rows % num, 0, message=(
-          'The global batch size of input {} is not divisible by the number '
-          'of replicas ({}); batch the dataset with a multiple of {} '
-          '(drop_remainder=True keeps the last batch full). Batch size:'
-          .format(tensor.name, num, num)), data=[rows])
-  with tf.control_dependencies([check]):
-    tensor = tf.identity(tensor)
-  return tf.split(tensor, num, axis=0)
 
 
 class InputFunctionIterator(_IteratorBase):

@@ -13,7 +13,6 @@ from replicate.core import reduce_util
 from replicate.core.checks import check_int
 from replicate.core.reduce_util import ReduceOp
 from replicate.strategy import input_lib
-from replicate.strategy.input_lib import InputContext
 from replicate.strategy.input_lib import InputReplicationMode
 from replicate.strategy.strategy_extended import (
   require_cross_replica_or_default_context,
@@ -60,8 +59,9 @@ class Strategy(object):
     """An iterator giving each replica its slice of each global batch.
 
     Args:
-      dataset: a `tf.data.Dataset` of global batches (dimension 0 is
-        divisible by `num_replicas_in_sync`).
+      dataset: a `tf.data.Dataset` of global batches. A batch of `b` rows
+        gives replica i the i-th slice: the first `b % N` replicas get
+        `b // N + 1` rows, the others `b // N` (none when `b < N`).
 
     Returns:
       An iterator with `initialize()` (a list of ops to run first) and
@@ -82,8 +82,8 @@ class Strategy(object):
     are split as `make_dataset_iterator` splits them.
 
     Args:
-      dataset: a `tf.data.Dataset` of global batches (dimension 0 divisible
-        by `num_replicas_in_sync`).
+      dataset: a `tf.data.Dataset` of global batches (a batch of `b` rows
+        gives the first `b % num_replicas_in_sync` replicas one row more).
 
     Returns:
       A `DistributedDataset`.
@@ -131,8 +131,9 @@ class Strategy(object):
 
     Args:
       numpy_input: a nest of NumPy arrays with one first dimension.
-      batch_size: the global batch size (divisible by the replica count);
-        an incomplete last batch is dropped.
+      batch_size: the global batch size. As in TF 1.15's MirroredStrategy
+        the last batch may be partial; its rows are split among the
+        replicas like any batch's (some may get fewer, or none).
       num_epochs: how many passes over the data (None: forever).
       shuffle: shuffle buffer size; None or 0 for no shuffling.
       session: optional `tf.Session`. When given, the arrays are loaded into
@@ -143,17 +144,16 @@ class Strategy(object):
       An iterator as in `make_dataset_iterator`.
 
     Raises:
-      InvalidArgumentError: if `batch_size` is not a positive multiple of the
-        number of replicas, or the arrays have different lengths.
+      InvalidArgumentError: if `batch_size` is below 1, or the arrays have
+        different lengths.
+      InvalidTypeError: if `batch_size` is not an integer.
     """
     check_int('batch_size', batch_size, 1)
-    InputContext(num_replicas_in_sync=self.num_replicas_in_sync
-                ).get_per_replica_batch_size(batch_size)
     dataset = input_lib.numpy_dataset(numpy_input, session)
     if shuffle:
       dataset = dataset.shuffle(shuffle)
     dataset = dataset.repeat(num_epochs)
-    dataset = dataset.batch(batch_size, drop_remainder=True)
+    dataset = dataset.batch(batch_size)
     return self.make_dataset_iterator(dataset)
 
   def experimental_run(self, fn, input_iterator=None):

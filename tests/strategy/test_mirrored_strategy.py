@@ -781,30 +781,32 @@ class InputTest(tf.test.TestCase):
         sess.run(iterator.initializer)
         self.assertAllEqual(sess.run(batch), [0, 1, 2, 3])
 
-  def test_static_batch_not_divisible_raises(self):
+  def test_static_uneven_batch_splits(self):
     strategy = _strategy()
     with tf.Graph().as_default():
       iterator = strategy.make_dataset_iterator(
-          tf.data.Dataset.range(12).batch(6, drop_remainder=True))
-      with self.assertRaisesRegex(
-          errors.InvalidArgumentError,
-          r'global batch size \(6\) of input .* is not divisible by the '
-          r'number of replicas \(4\)'):
-        iterator.get_next()
-
-  def test_dynamic_batch_not_divisible_fails_at_run_time(self):
-    strategy = _strategy()
-    with tf.Graph().as_default():
-      # 10 elements in batches of 8: [0..7] splits, the last batch of 2 not.
-      iterator = strategy.make_dataset_iterator(
-          tf.data.Dataset.range(10).batch(8))
+          tf.data.Dataset.range(7).batch(7, drop_remainder=True))
       batch = iterator.get_next()
       with tf1.Session(config=CONFIG) as sess:
         sess.run(iterator.initialize())
-        sess.run(list(batch.values))
-        with self.assertRaisesRegex(tf.errors.InvalidArgumentError,
-                                    'not divisible by the number of replicas'):
-          sess.run(list(batch.values))
+        # 7 rows on 4 replicas: the first 7 % 4 = 3 get 7 // 4 + 1 = 2 rows.
+        self.assertEqual([r.tolist() for r in sess.run(list(batch.values))],
+                         [[0, 1], [2, 3], [4, 5], [6]])
+
+  def test_dynamic_partial_batches_split(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      # 5 elements in batches of 3: [0 1 2], then the partial [3 4].
+      iterator = strategy.make_dataset_iterator(
+          tf.data.Dataset.range(5).batch(3))
+      batch = iterator.get_next()
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run(iterator.initialize())
+        # Fewer rows than replicas: one row each to the first b replicas.
+        self.assertEqual([r.tolist() for r in sess.run(list(batch.values))],
+                         [[0], [1], [2], []])
+        self.assertEqual([r.tolist() for r in sess.run(list(batch.values))],
+                         [[3], [4], [], []])
 
   def test_input_fn_iterator(self):
     strategy = _strategy()
@@ -864,9 +866,10 @@ class InputTest(tf.test.TestCase):
         for start in (0, 4, 0, 4):
           self.assertAllEqual(sess.run(list(batch['y'].values)),
                               [[start], [start + 1], [start + 2], [start + 3]])
+      # Any batch size splits (test_partial_batches.py); it must be >= 1.
       with self.assertRaisesRegex(errors.InvalidArgumentError,
-                                  r'global batch size \(6\) is not divisible'):
-        strategy.experimental_make_numpy_iterator(features, batch_size=6)
+                                  'batch_size must be an integer >= 1, got 0'):
+        strategy.experimental_make_numpy_iterator(features, batch_size=0)
       with self.assertRaisesRegex(errors.InvalidArgumentError,
                                   'must all have the same first dimension'):
         strategy.experimental_make_numpy_iterator(
