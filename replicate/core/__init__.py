@@ -4,7 +4,7 @@ Holds device strings (`device_util`: the one parser and canonical form) and
 the one check of tower devices against the session (`device_check`),
 packing of same-shaped tensors into one (`packing`), the all-reduce's
 buckets in the order back-propagation ends the gradients (`buckets`), the
-reduce-op enum
+split of a batch's rows among devices (`row_split`), the reduce-op enum
 (`reduce_util`), argument checks (`checks`), logging through
 `tf.compat.v1.logging` (`logs`), gradient compression (`compression`) and
 the performance knobs (`tuning`: one immutable `Tuning`, changed only

@@ -1,6 +1,7 @@
 """Splitting a global batch of features and labels into one shard per tower.
 
-A batch of `b` rows goes to `N` towers in order, as evenly as it can: the
+A batch of `b` rows goes to `N` towers in order, as evenly as it can
+(core/row_split.py, shared with the strategies' input): the
 first `b % N` towers get `b // N + 1` rows, the others `b // N` (some get none
 when `b < N`). Where the static shape already divides, the split is today's
 `tf.split(value, N)` and the loss is averaged over the towers; otherwise the
@@ -17,6 +18,7 @@ import tensorflow as tf
 
 from replicate import errors
 from replicate._compat import tf1
+from replicate.core import row_split
 
 # feature_shards, label_shards: one nest per tower.
 # rows: None where every tower gets `b / N` rows of a static batch (the loss
@@ -95,22 +97,20 @@ def split_batch(features, labels, num_shards, device, unsplit_features=()):
     if not split:
       sizes = rows = batch_size = None
     else:
-      batch_size, static_size = _batch_size(split[0].value)
+      batch_size, static_size = row_split.batch_rows(split[0].value)
       for leaf in split[1:]:
         _check_batch_dimension(leaf, split[0], batch_size, static_size,
                                unsplit_features)
-      if static_size is not None and static_size % num_shards == 0:
+      if row_split.splits_evenly(static_size, num_shards):
         sizes = rows = batch_size = None  # today's even split
       else:
-        if static_size is not None:
-          # The static count would reach the towers' shapes through shape
-          # inference; a copy of tower 0 must not bake in tower 0's rows.
-          batch_size = tf1.placeholder_with_default(batch_size, [],
-                                                    name='batch_size')
-        sizes = _shard_sizes(batch_size, num_shards)
+        # A static count is hidden: a copy of tower 0 must not bake in
+        # tower 0's rows.
+        sizes, batch_size = row_split.shard_rows(batch_size, num_shards,
+                                                 static_size)
         rows = [sizes[i] for i in range(num_shards)]
     for leaf in leaves:
-      leaf.shards = (_split_value(leaf.value, num_shards, sizes)
+      leaf.shards = (row_split.split_rows(leaf.value, num_shards, sizes)
                      if leaf.split else [leaf.value] * num_shards)
     feature_shards = _shards(features, leaves, num_shards, 0)
     label_shards = ([None] * num_shards if labels is None else _shards(
@@ -181,17 +181,6 @@ def _rank(value):
   return value.shape.ndims
 
 
-def _batch_size(value):
-  """`(int64 scalar, static int or None)`: the size of dimension 0."""
-  if isinstance(value, tf1.SparseTensor):
-    static_shape = tf.get_static_value(value.dense_shape)
-    return (value.dense_shape[0],
-            None if static_shape is None else int(static_shape[0]))
-  static = (tf.compat.dimension_value(value.shape[0])
-            if value.shape.ndims is not None else None)
-  return tf.shape(value, out_type=tf.int64)[0], static
-
-
 def _mismatch_message(leaf, size, reference, reference_size,
                       unsplit_features):
   return (
@@ -212,7 +201,7 @@ def _check_batch_dimension(leaf, reference, batch_size, static_size,
   Raises:
     InvalidArgumentError: where both sizes are static and differ.
   """
-  size, static = _batch_size(leaf.value)
+  size, static = row_split.batch_rows(leaf.value)
   if static is not None and static_size is not None:
     if static != static_size:
       raise errors.InvalidArgumentError(_mismatch_message(
@@ -233,28 +222,3 @@ def _check_batch_dimension(leaf, reference, batch_size, static_size,
 
 def _known(size):
   return '(known at run time)' if size is None else size
-
-
-def _shard_sizes(batch_size, num_shards):
-  """The rows of each shard: the first `b % N` get one more than `b // N`."""
-  n = tf.cast(num_shards, tf.int64)
-  extra = tf.cast(tf.range(num_shards, dtype=tf.int64) <
-                  tf.math.floormod(batch_size, n), tf.int64)
-  return tf.math.add(tf.math.floordiv(batch_size, n), extra,
-                     name='shard_sizes')
-
-
-def _split_value(value, num_shards, sizes):
-  """`value` split into `num_shards` shards of `sizes` rows (None: even)."""
-  if isinstance(value, tf1.SparseTensor):
-    if sizes is None:
-      # Rows go to shards in order, as dense tensors are split.
-      return tf1.sparse.split(sp_input=value, num_split=num_shards, axis=0)
-    starts = tf.math.cumsum(sizes, exclusive=True)
-    rest = value.dense_shape[1:]
-    return [tf1.sparse.slice(
-        value, tf.concat([starts[i:i + 1], tf.zeros_like(rest)], 0),
-        tf.concat([sizes[i:i + 1], rest], 0)) for i in range(num_shards)]
-  if sizes is None:
-    return tf.split(value, num_shards, axis=0)
-  return tf.split(value, sizes, num=num_shards, axis=0)
