@@ -125,6 +125,12 @@ def load_digits():
       pixels, labels, test_size=0.25, random_state=0, stratify=labels)
 
 
+def eval_input_fn(pixels, labels, batch_size):
+  """Every held-out digit once; the last batch may be partial."""
+  return lambda: tf1.data.Dataset.from_tensor_slices(
+      ({'pixels': pixels}, labels)).batch(batch_size)
+
+
 def serving_input_fn():
   """Serving requests: any number of images of 64 pixels."""
   pixels = {'pixels': tf1.placeholder(tf.float32, [None, 64], name='pixels')}
@@ -156,16 +162,12 @@ def parse_args(argv):
   parser.add_argument('--steps', type=int, default=1500,
                       help='training steps (default: %(default)s)')
   parser.add_argument('--batch_size', type=int, default=128,
-                      help='global batch, split evenly over the towers '
-                      '(default: %(default)s)')
+                      help='global batch, split over the towers as evenly '
+                      'as it goes (default: %(default)s)')
   parser.add_argument('--model_dir', default=None,
                       help='checkpoints and TensorBoard summaries '
                       '(default: a new temporary directory)')
-  args = parser.parse_args(argv)
-  if args.batch_size % args.devices:
-    parser.error('--batch_size {} must be a multiple of --devices {}'.format(
-        args.batch_size, args.devices))
-  return args
+  return parser.parse_args(argv)
 
 
 def main(argv):
@@ -190,14 +192,7 @@ def run(args):
   def train_input_fn():
     dataset = tf1.data.Dataset.from_tensor_slices(({'pixels': x_train}, y_train))
     return dataset.shuffle(len(x_train), seed=0).repeat().batch(
-        args.batch_size, drop_remainder=True)
-
-  def eval_input_fn():
-    # Every batch must split evenly over the towers, the last one included.
-    usable = len(x_test) - len(x_test) % args.devices
-    return tf1.data.Dataset.from_tensor_slices(
-        ({'pixels': x_test[:usable]}, y_test[:usable])).batch(
-            args.batch_size - args.batch_size % args.devices)
+        args.batch_size)
 
   config = tf1.estimator.RunConfig(
       model_dir=model_dir, tf_random_seed=0, save_summary_steps=50,
@@ -216,10 +211,10 @@ def run(args):
   estimator.train(train_input_fn, steps=args.steps)
   print('Trained {} steps in {:.1f} s.'.format(args.steps, time.time() - start))
 
-  metrics = estimator.evaluate(eval_input_fn)
+  metrics = estimator.evaluate(
+      eval_input_fn(x_test, y_test, args.batch_size))
   print('Evaluation on {} held-out digits: accuracy {:.4f}, loss {:.4f}'.format(
-      len(x_test) - len(x_test) % args.devices, metrics['accuracy'],
-      metrics['loss']))
+      len(x_test), metrics['accuracy'], metrics['loss']))
 
   few = 8
   predictions = estimator.predict(

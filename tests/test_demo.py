@@ -6,7 +6,10 @@ import importlib.util
 import io
 import os
 
+import numpy as np
 import tensorflow as tf
+
+import replicate
 
 _DEMO = os.path.join(os.path.dirname(__file__), '..', 'examples',
                      'digits_demo.py')
@@ -49,6 +52,42 @@ class DemoTest(tf.test.TestCase):
     self.assertIn('loss', train_tags)
     self.assertNotIn('loss_1', train_tags)
     self.assertIn('loss', _summary_tags(os.path.join(model_dir, 'eval')))
+    self._check_as_one_device(model_dir)
+
+  def _check_as_one_device(self, model_dir):
+    # An accuracy threshold passes with a tower dropped or one shard's
+    # metrics: the demo's checkpoint must evaluate and predict on its 4
+    # towers as on one device. Batches of 50 split 13/13/12/12 (uneven);
+    # 11 predictions in batches of 4 end with a batch of 3 rows.
+    demo = _load_demo()
+    _, x_test, _, y_test = demo.load_digits()
+    params = {'hidden_units': [128, 64], 'learning_rate': 3e-3}
+    results = []
+    for devices in (None, 4):
+      model_fn = demo.model_fn
+      if devices:
+        model_fn = replicate.replicate_model_fn(
+            model_fn, devices=replicate.testing.virtual_cpu_devices(devices))
+      estimator = tf.compat.v1.estimator.Estimator(
+          model_fn, model_dir=model_dir, params=params,
+          config=tf.compat.v1.estimator.RunConfig(
+              session_config=replicate.testing.virtual_cpu_config(4)))
+      metrics = estimator.evaluate(
+          demo.eval_input_fn(x_test, y_test, 50), name=str(devices))
+      predictions = list(estimator.predict(
+          lambda: tf.compat.v1.data.Dataset.from_tensor_slices(
+              {'pixels': x_test[:11]}).batch(4)))
+      results.append((metrics, predictions))
+    (want, want_predictions), (got, got_predictions) = results
+    for key in ('accuracy', 'loss'):
+      self.assertAllClose(want[key], got[key], rtol=1e-5, msg=key)
+    self.assertLen(got_predictions, 11)
+    self.assertAllEqual([p['class'] for p in want_predictions],
+                        [p['class'] for p in got_predictions])
+    self.assertAllClose(
+        np.array([p['probabilities'] for p in want_predictions]),
+        np.array([p['probabilities'] for p in got_predictions]), rtol=1e-5,
+        atol=1e-7)
 
 
 if __name__ == '__main__':
