@@ -7,8 +7,6 @@ virtual CPU devices (global batch 256, TF 1.15):
   replicate          replicate.replicate_model_fn + replicate.TowerOptimizer
   contrib            tf.contrib.estimator.replicate_model_fn + TowerOptimizer
   replicate@pack=0   replicate with gradient packing off (A/B of the packing)
-  replicate@fuse=off replicate summing MatMul gradients per tower (A/B of the
-                     fused weight gradients)
   replicate@build=per_tower
                      replicate calling model_fn once per tower
                      (TowerBuild.CALL_PER_TOWER; A/B of the tower copies)
@@ -65,10 +63,9 @@ import bench_util
 
 GLOBAL_BATCH = 256
 CONFIGS = ('single', 'replicate', 'contrib', 'replicate@build=per_tower',
-           'replicate@pack=0', 'replicate@fuse=off', 'replicate@copy=concat',
-           'replicate@compress=fp16', 'replicate@placement=replicated',
-           'tf_mirrored', 'replicate_mirrored', 'replicate_mirrored@fuse=off',
-           'tf_mirrored_loop', 'independent')
+           'replicate@pack=0', 'replicate@compress=fp16',
+           'replicate@placement=replicated', 'tf_mirrored',
+           'replicate_mirrored', 'tf_mirrored_loop', 'independent')
 MODELS = ('wide', 'deep')
 # The configurations the issue's targets compare (run_all.py's TARGETS). A
 # full run gives them TARGET_ROUNDS rounds and the other rows `rounds`: their
@@ -83,16 +80,10 @@ CONFIG_LABELS = {
     'contrib': 'tf.contrib.estimator.replicate_model_fn',
     'tf_mirrored': 'tf.distribute.MirroredStrategy',
     'replicate_mirrored': 'replicate.MirroredStrategy (session loop)',
-    'replicate_mirrored@fuse=off': 'replicate.MirroredStrategy (session '
-                                   'loop), MatMul fusion off (A/B)',
     'tf_mirrored_loop': 'tf.distribute.MirroredStrategy (session loop)',
     'replicate@build=per_tower': 'replicate.replicate_model_fn, model_fn '
                                  'per tower (A/B)',
     'replicate@pack=0': 'replicate.replicate_model_fn, packing off (A/B)',
-    'replicate@fuse=off': 'replicate.replicate_model_fn, MatMul fusion off '
-                          '(A/B)',
-    'replicate@copy=concat': 'replicate.replicate_model_fn, packs copied by '
-                             "TF's ConcatV2 (A/B)",
     'replicate@compress=fp16': 'replicate.replicate_model_fn, fp16 gradient '
                                'compression',
     'replicate@placement=replicated': 'replicate.replicate_model_fn, '
@@ -247,10 +238,8 @@ def _apply_aggregation_variant(variant):
 
   Variants: `pack=<bytes>` sets the packing threshold (`pack=0`: one add_n
   per variable, the behaviour before packing); `group=<n>` the largest pack
-  (`small=<bytes>`: beyond `small` bytes);
-  `fuse=off` sums MatMul gradients instead of fusing them (`fuse=<bytes>`:
-  the smallest fused gradient); `copy=concat` builds every pack with TF's
-  `ConcatV2` instead of a one-thread copy on CPUs.
+  (`small=<bytes>`: beyond `small` bytes); `gate=none` computes the towers'
+  gradients with `GATE_NONE`.
   """
   import replicate  # pylint: disable=g-import-not-at-top
   from replicate.core import tuning  # pylint: disable=g-import-not-at-top
@@ -260,14 +249,10 @@ def _apply_aggregation_variant(variant):
       'group': ('pack_max_group', int),
       # `small=0`: every pack holds at most `pack_max_group` variables.
       'small': ('pack_small_bytes', int),
-      # `fuse=off`: MatMul gradients summed per tower (no fused product).
-      'fuse': ('fuse_min_bytes', lambda v: None if v == 'off' else int(v)),
   }
   if name in fields:
     field, parse = fields[name]
     tuning.set_tuning(tuning.get_tuning().replace(**{field: parse(value)}))
-  elif name == 'copy' and value == 'concat':
-    tuning.set_tuning(tuning.get_tuning().replace(stitch_on_cpus=False))
   elif name == 'gate' and value == 'none':
     # Towers compute gradients with gate_gradients=GATE_NONE (same values;
     # no tuple/identity gating ops per gradient op).

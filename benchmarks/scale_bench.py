@@ -25,7 +25,7 @@ and `vars1000` (500 chained dense layers of 16, 1,000 variables); global batch
   python benchmarks/scale_bench.py --quick               # 1,4,16 deep, 5 steps
   python benchmarks/scale_bench.py --towers 1,4,16 --models deep --steps 5
   .venv/tf2/bin/python benchmarks/scale_bench.py --append --towers 1,4,16
-  python benchmarks/scale_bench.py --quick --variants pack_size_sources=none
+  python benchmarks/scale_bench.py --quick --variants pack_small_bytes=0
       (beside each tower count, the same with a replicate.Tuning A/B)
 
 Children run with this Python (`--python` picks another, e.g. the TF 2.15
@@ -104,8 +104,8 @@ def run_one(model, config, towers, warmup, steps, grappler=True,
   `grappler=False` turns TF's graph optimizer off; `rewrite` holds
   `(field, value)` pairs of `RewriterConfig` (e.g. `('constant_folding',
   'OFF')`, `('memory_optimization', 'NO_MEM_OPT')`): Grappler A/B runs.
-  `knobs` holds `(field, value)` pairs of `replicate.Tuning` (strings;
-  'none' is None): A/B runs of the library's knobs.
+  `knobs` holds `(field, value)` pairs of `replicate.Tuning` (ints as
+  strings): A/B runs of the library's knobs.
   """
   result = {'model': model, 'config': config, 'towers': towers,
             'warmup': warmup, 'steps': steps,
@@ -120,8 +120,7 @@ def run_one(model, config, towers, warmup, steps, grappler=True,
   result['tf_version'] = tf.__version__
   if knobs:
     replicate.set_tuning(replicate.get_tuning().replace(**{
-        field: None if value == 'none' else int(value)
-        for field, value in knobs}))
+        field: int(value) for field, value in knobs}))
   result['tuning'] = dict(knobs)
   result['rss_import_mb'] = _maxrss_mb()
   gc_stats = _gc_recorder()
@@ -404,11 +403,10 @@ def main(argv=None):
   parser.add_argument('--rewrite', default='',
                       help='child: RewriterConfig field=VALUE,... (A/B)')
   parser.add_argument('--tuning', default='',
-                      help='child: replicate.Tuning field=value,... (A/B; '
-                      'none: None)')
+                      help='child: replicate.Tuning field=value,... (A/B)')
   parser.add_argument('--variants', default='',
                       help='Tuning A/Bs run beside replicate at each tower '
-                      'count, separated by ";" (e.g. pack_size_sources=none)')
+                      'count, separated by ";" (e.g. pack_small_bytes=0)')
   parser.add_argument('--cprofile', default=None)
   parser.add_argument('--tracemalloc', action='store_true')
   args = parser.parse_args(argv)

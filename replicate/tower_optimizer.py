@@ -167,9 +167,8 @@ class TowerOptimizer(tf1.train.Optimizer):
         replicated tower or a `MirroredStrategy` replica,
         `gate_gradients=GATE_OP` (the default) is carried out per variable:
         each gradient waits for the tower's gradient ops that read its
-        variable, which prevents the same races, lets the aggregation fuse
-        large `MatMul` gradients and saves a `tuple` per gradient op (see
-        gradient_gating.py).
+        variable, which prevents the same races and saves a `tuple` per
+        gradient op (see gradient_gating.py).
 
     Returns:
       A list of `(gradient, variable)` pairs.
@@ -210,35 +209,29 @@ class TowerOptimizer(tf1.train.Optimizer):
     With `GATE_OP` (the default, and what `minimize` passes) the gradients
     are computed ungated and each variable's gradient waits for the ops of
     this tower's gradient computation that read the variable (see
-    gradient_gating.py); with `GATE_NONE` they are left ungated. Both record
-    the raw gradients so that the aggregation may fuse them. `GATE_GRAPH` is
-    passed through as it is.
+    gradient_gating.py); with `GATE_NONE` they are left ungated. `GATE_GRAPH`
+    is passed through as it is.
     """
     self._check_gate_gradients(kwargs)
     if replication.cloner is not None:
       replication.gradient_losses.append(loss)
-    grads_and_vars, raw = self._gated_gradients(
+    return self._gated_gradients(
         replication.graph, optimizer, replication.scale_loss(loss), var_list,
         kwargs)
-    replication.record_raw_gradients(raw)
-    return grads_and_vars
 
   def _compute_replica_gradients(self, replica, optimizer, loss, var_list,
                                  kwargs):
     """One strategy replica's gradients, gated per variable.
 
     As in a tower (`_compute_tower_gradients`), without scaling the loss (a
-    replica scales its loss to the global batch itself). The replica context
-    keeps the raw gradients, so that its sum over replicas may fuse them.
+    replica scales its loss to the global batch itself).
     """
     self._check_gate_gradients(kwargs)
     if callable(loss):
       # The wrapped optimizer differentiates a callable with a tape.
       return optimizer.compute_gradients(loss, var_list=var_list, **kwargs)
-    grads_and_vars, raw = self._gated_gradients(
+    return self._gated_gradients(
         tf1.get_default_graph(), optimizer, loss, var_list, kwargs)
-    replica._record_raw_gradients(raw)  # pylint: disable=protected-access
-    return grads_and_vars
 
   def _check_gate_gradients(self, kwargs):
     gate_gradients = kwargs.get('gate_gradients', self.GATE_OP)
@@ -248,22 +241,17 @@ class TowerOptimizer(tf1.train.Optimizer):
           'GATE_GRAPH, got {!r}.'.format(gate_gradients))
 
   def _gated_gradients(self, graph, optimizer, loss, var_list, kwargs):
-    """`(grads_and_vars, raw gradients)` of `loss`, as `gate_gradients` asks.
+    """The `(gradient, variable)` pairs of `loss`, as `gate_gradients` asks.
 
-    `GATE_OP` becomes per-variable gating, `GATE_NONE` stays ungated (both
-    give the raw gradients); `GATE_GRAPH` is passed through (no raw
-    gradients).
+    `GATE_OP` becomes per-variable gating; `GATE_NONE` and `GATE_GRAPH` are
+    passed through.
     """
-    gate_gradients = kwargs.get('gate_gradients', self.GATE_OP)
-    if gate_gradients == self.GATE_GRAPH:
-      return optimizer.compute_gradients(loss, var_list=var_list,
-                                         **kwargs), {}
+    if kwargs.get('gate_gradients', self.GATE_OP) != self.GATE_OP:
+      return optimizer.compute_gradients(loss, var_list=var_list, **kwargs)
     kwargs = dict(kwargs, gate_gradients=self.GATE_NONE)
     grads_and_vars, gradient_ops = gradient_gating.ops_created_by(
         graph, lambda: optimizer.compute_gradients(
             loss, var_list=var_list, **kwargs))
-    if gate_gradients == self.GATE_NONE:
-      gradient_ops = []
     return gradient_gating.gate_by_variable(grads_and_vars, gradient_ops)
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
@@ -360,7 +348,7 @@ class TowerOptimizer(tf1.train.Optimizer):
           return self._apply_replicated(replicated, optimizer, tower_grads,
                                         global_step, name, replication)
         with tf1.name_scope('gradient_aggregation'):
-          summed = self._sum(tower_grads, replication.raw_gradients)
+          summed = self._sum(tower_grads)
         return self._apply(optimizer, summed, global_step, name, replication)
 
     if replication.cloner is None:
@@ -410,13 +398,11 @@ class TowerOptimizer(tf1.train.Optimizer):
       return grad
     return self._compression.decompress(grad, contexts[id(var)])
 
-  def _sum(self, tower_grads, raw_gradients):
+  def _sum(self, tower_grads):
     """Each variable's gradients summed over towers, compressed in transit."""
     if self._compression is None:
-      return gradient_aggregation.sum_gradients_by_variable(
-          tower_grads, raw_gradients=raw_gradients)
+      return gradient_aggregation.sum_gradients_by_variable(tower_grads)
     compressed, contexts = self._compressed(tower_grads)
-    # The compressed tensors are no MatMul outputs: nothing is fused.
     summed = gradient_aggregation.sum_gradients_by_variable(compressed)
     return [(self._decompressed(grad, contexts, var), var)
             for grad, var in summed]

@@ -116,12 +116,3 @@ def run_spec(spec, mode, steps=3, metric_updates=1, num_cpus=4):
 
 def cpus(n):
   return replicate.testing.virtual_cpu_devices(n)
-
-
-def is_pack(op):
-  """Whether `op` can be a pack made by `packing.concat_rows`.
-
-  On CPU devices a pack below `Tuning.one_thread_bytes` is a `ConcatV2`, a
-  larger one a `DynamicStitch`.
-  """
-  return op.type in ('ConcatV2', 'DynamicStitch')

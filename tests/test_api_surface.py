@@ -254,12 +254,11 @@ class ApiSurfaceTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_tuning_fields(self):
     # The knobs users may set. `matmul_min_elements` went with the CPU
-    # MatMul gradient override (its graphs needed `import replicate`).
+    # MatMul gradient override (its graphs needed `import replicate`), five
+    # more with the other CPU-only rewrites (docs/performance.md).
     self.assertEqual(
         ('pack_max_bytes', 'pack_max_group', 'pack_small_bytes',
-         'read_pack_max_bytes', 'fuse_min_bytes', 'one_thread_bytes',
-         'pack_size_sources', 'stitch_on_cpus', 'all_reduce_bucket_bytes',
-         'all_reduce_min_buckets'),
+         'all_reduce_bucket_bytes', 'all_reduce_min_buckets'),
         replicate.Tuning._fields)
 
 

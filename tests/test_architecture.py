@@ -19,7 +19,7 @@ _ALLOWED = {
     'core': set(),
     'cross_tower': {'core'},
     'gradients': {'core'},
-    'graph_copy': {'core', 'gradients'},
+    'graph_copy': {'core'},
     'towers': {'core', 'gradients', 'graph_copy'},
     'strategy': {'core', 'cross_tower', 'gradients', 'graph_copy'},
     'cluster': {'core', 'towers'},

@@ -2,6 +2,8 @@
 
 Holds device strings (`device_util`: the one parser and canonical form) and
 the one check of tower devices against the session (`device_check`),
+the kinds of ops by type (`op_kinds`: state, variable reads, TF1 control
+flow),
 packing of same-shaped tensors into one (`packing`), the all-reduce's
 buckets in the order back-propagation ends the gradients (`buckets`), the
 split of a batch's rows among devices (`row_split`), the reduce-op enum

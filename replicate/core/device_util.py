@@ -125,11 +125,6 @@ def device_type_of(device):
   return tf1.DeviceSpec.from_string(canonicalize(device)).device_type
 
 
-def is_cpu(device):
-  """Whether a device string names a CPU (an empty string: unknown, False)."""
-  return bool(device) and device_type_of(device) == 'CPU'
-
-
 def resolve(device):
   """The device a tensor, variable or op was placed on, canonicalized.
 
@@ -143,25 +138,6 @@ def resolve(device):
   if not device:
     return None
   return canonicalize(device)
-
-
-def on_cpus_of_one_task(devices):
-  """Whether every device string names a CPU of the same job/replica/task.
-
-  Such devices share the machine's cores and memory: a tensor moved between
-  them is not copied, and work moved between them costs nothing extra.
-
-  Args:
-    devices: device strings (an empty string counts as unknown: False).
-
-  Returns:
-    A bool.
-  """
-  if not all(devices):
-    return False
-  if any(device_type_of(d) != 'CPU' for d in devices):
-    return False
-  return len(set(worker_of(d) for d in devices)) == 1
 
 
 def is_local(device):

@@ -11,12 +11,9 @@ gradient, so they run where the gradients are.
 """
 import collections
 
-import numpy as np
 import tensorflow as tf
 
 from replicate import errors
-from replicate.core import device_util
-from replicate.core import tuning as tuning_lib
 
 _Group = collections.namedtuple('_Group', ['positions', 'shapes', 'sizes'])
 # What a packer's `unpack` needs: each device's variables, the pack plan.
@@ -52,7 +49,7 @@ def num_bytes(tensor):
   return tensor.shape.num_elements() * tensor.dtype.size
 
 
-def pack_chunks(sizes, max_count, small_bytes, max_bytes=None):
+def pack_chunks(sizes, max_count, small_bytes):
   """Splits one packing group into packs, keeping the group's order.
 
   A pack takes values until it holds `max_count` of them, and beyond that
@@ -61,23 +58,20 @@ def pack_chunks(sizes, max_count, small_bytes, max_bytes=None):
   costs less than the concat, transfer, sum and split per device that
   another pack adds. Larger values come `max_count` to a pack, so that a
   pack is ready, and what waits for it runs, while the rest of the group is
-  still being computed. A pack of several values also stays below
-  `max_bytes` (see `one_thread_pack_bytes`).
+  still being computed.
 
   Args:
     sizes: the size in bytes of each value of the group, in order.
     max_count: the most values of a pack beyond `small_bytes`; >= 1.
     small_bytes: a pack of at most this many bytes takes any number of
       values; 0 caps every pack at `max_count`.
-    max_bytes: None, or a pack of several values holds fewer bytes than
-      this (a larger value is a pack of its own).
 
   Returns:
     A list of packs, each a list of indices into `sizes`, in order.
 
   Raises:
-    ValueError: if `max_count` is not an int >= 1, `small_bytes` is
-      negative, or `max_bytes` is not None or a positive int.
+    ValueError: if `max_count` is not an int >= 1 or `small_bytes` is
+      negative.
   """
   if isinstance(max_count, bool) or not isinstance(max_count, int) or (
       max_count < 1):
@@ -86,18 +80,12 @@ def pack_chunks(sizes, max_count, small_bytes, max_bytes=None):
   if small_bytes < 0:
     raise ValueError('small_bytes must be >= 0 (0: at most max_count values '
                      'a pack), got {!r}.'.format(small_bytes))
-  if max_bytes is not None and (
-      isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or
-      max_bytes < 1):
-    raise ValueError('max_bytes must be None (no limit) or an int >= 1, got '
-                     '{!r}.'.format(max_bytes))
   packs = []
   current = []
   current_bytes = 0
   for index, size in enumerate(sizes):
-    if current and (
-        (len(current) >= max_count and current_bytes + size > small_bytes) or
-        (max_bytes is not None and current_bytes + size >= max_bytes)):
+    if (current and len(current) >= max_count and
+        current_bytes + size > small_bytes):
       packs.append(current)
       current, current_bytes = [], 0
     current.append(index)
@@ -107,97 +95,12 @@ def pack_chunks(sizes, max_count, small_bytes, max_bytes=None):
   return packs
 
 
-def one_thread_pack_bytes(sources, devices=(), max_sources=None):
-  """The size below which a pack is copied and summed by one thread.
-
-  On CPU devices TF's `ConcatV2` and `AddN` kernels hand larger copies and
-  sums to helper threads of the intra-op pool; between towers that keep
-  every core busy that hand-off only adds waits and preemptions
-  (docs/performance.md). The cost of a sum grows with its inputs, so this is
-  `Tuning.one_thread_bytes` for sums of up to 4 inputs and proportionally
-  less beyond. With `max_sources`, a pack is sized for a sum of at most that
-  many sources whatever their number: its size, hence the number of packs,
-  stays fixed as towers grow (else each tower concatenates ever more, ever
-  smaller packs: N towers make O(N^2) concatenations).
-
-  Args:
-    sources: the devices whose packs are summed (one input each).
-    devices: other devices of the pack (where it is summed or split).
-    max_sources: None (sized for the sum over every source), or an int >= 1.
-
-  Returns:
-    An int, or None (no limit) unless every device is a CPU.
-  """
-  if not sources or not all(
-      device_util.is_cpu(device) for device in list(sources) + list(devices)):
-    return None
-  inputs = len(sources) if max_sources is None else min(max_sources,
-                                                        len(sources))
-  return tuning_lib.get_tuning().one_thread_bytes * min(4, inputs) // inputs
-
-
-def concat_rows(tensors, device, name='packed'):
-  """`tf.concat(tensors, axis=0)` on `device`, copied by one thread on CPUs.
-
-  TF's `ConcatV2` CPU kernel splits a copy of `Tuning.one_thread_bytes` or more
-  over the intra-op thread pool: it wakes a helper thread and waits for it.
-  Between towers that already keep every core busy that hand-off buys
-  nothing and costs a wake, a wait and often a preemption per pack. On CPU
-  devices such a pack (e.g. the packed
-  variable reads of copied towers) is therefore placed by a
-  `DynamicStitch`, whose CPU kernel copies on the calling thread; its
-  indices are one constant `range` split per value, which Grappler folds.
-  Smaller packs, other devices, a single tensor, packs of 2**31 rows or
-  more (beyond int32 indices), and every pack while
-  `Tuning.stitch_on_cpus` is False get `tf.concat`.
-
-  Args:
-    tensors: a non-empty list of dense tensors of one dtype and one fully
-      known static shape after dimension 0, dimension 0 known.
-    device: the device the concatenation runs on.
-    name: the name of the concatenation.
-
-  Returns:
-    The concatenation, of static shape `[sum of dimensions 0] + shape[1:]`.
-
-  Raises:
-    ValueError: if `tensors` is empty, or a tensor's static shape is not
-      known or differs from the first one's after dimension 0.
-  """
-  if not tensors:
-    raise ValueError('concat_rows needs at least one tensor, got none.')
-  trailing = tensors[0].shape[1:]
-  for tensor in tensors:
-    shape = tensor.shape
-    if (shape.rank is None or shape.rank < 1 or
-        not shape.is_fully_defined() or shape[1:] != trailing):
-      raise ValueError(
-          'concat_rows needs tensors of one fully known shape after '
-          'dimension 0; got {} of shape {} (the first has {}). Concatenate '
-          'such tensors with tf.concat.'.format(tensor.name, shape,
-                                                tensors[0].shape))
-  sizes = [tensor.shape.as_list()[0] for tensor in tensors]
-  total = sum(sizes)
-  row_bytes = trailing.num_elements() * tensors[0].dtype.size
-  tuning = tuning_lib.get_tuning()
-  with tf.device(device):
-    if (not tuning.stitch_on_cpus or len(tensors) < 2 or
-        not device_util.is_cpu(device) or total > np.iinfo(np.int32).max or
-        total * row_bytes < tuning.one_thread_bytes):
-      return tf.concat(tensors, axis=0, name=name)
-    rows = tf.constant(np.arange(total, dtype=np.int32), name=name + '_rows')
-    packed = tf.dynamic_stitch(tf.split(rows, sizes, axis=0), tensors,
-                               name=name)
-    packed.set_shape([total] + trailing.as_list())
-    return packed
-
-
 def reduce_concatenated(per_value_tensors, sources, reduce_fn, destinations,
                         name='packed'):
   """Reduces values packed along dimension 0: the core of every small pack.
 
   Each source device concatenates its tensor of every value (one group of
-  `concat_group_key`, by `concat_rows`), `reduce_fn` combines the
+  `concat_group_key`) with `tf.concat`, `reduce_fn` combines the
   concatenations into one tensor, and each destination splits it back
   (aliasing the buffer).
 
@@ -214,9 +117,12 @@ def reduce_concatenated(per_value_tensors, sources, reduce_fn, destinations,
   Returns:
     For each destination, the list of the values' reduced tensors.
   """
-  packs = [concat_rows([tensors[position] for tensors in per_value_tensors],
-                       source, name=name)
-           for position, source in enumerate(sources)]
+  packs = []
+  for position, source in enumerate(sources):
+    with tf.device(source):
+      packs.append(tf.concat(
+          [tensors[position] for tensors in per_value_tensors], axis=0,
+          name=name))
   reduced = reduce_fn(packs)
   sizes = [tensors[0].shape.as_list()[0] for tensors in per_value_tensors]
   pieces = []

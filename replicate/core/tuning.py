@@ -1,10 +1,10 @@
 """`Tuning`: the library's performance knobs, in one immutable object.
 
-Every size threshold of the packing and fusion rewrites is a field here,
-with its default. The library reads the current `Tuning` when it builds a
-graph; users and benchmarks change it only through `set_tuning` or the
-`tuning_scope` context manager, never by patching module globals. Why each
-default is what it is: docs/performance.md.
+Every size threshold of gradient packing and of the bucketed all-reduce is
+a field here, with its default. The library reads the current `Tuning`
+when it builds a graph; users and benchmarks change it only through
+`set_tuning` or the `tuning_scope` context manager, never by patching module
+globals. Why each default is what it is: docs/performance.md.
 """
 import collections
 import contextlib
@@ -20,19 +20,6 @@ _FIELDS = collections.OrderedDict([
     ('pack_max_group', 16),
     # ...unless the pack stays within this many bytes per device.
     ('pack_small_bytes', 64 * 1024),
-    # Variable reads of copied CPU towers of at most this many bytes are
-    # delivered in packs (0: one transfer per variable).
-    ('read_pack_max_bytes', 256 * 1024),
-    # MatMul weight gradients of at least this many bytes are summed over
-    # CPU towers as one product (None: never).
-    ('fuse_min_bytes', 256 * 1024),
-    # On CPUs, copies and sums below this many bytes stay on one thread.
-    ('one_thread_bytes', 200 * 1024),
-    # On CPUs, gradient packs are sized for a sum of this many towers, so
-    # their number does not grow with more (None: sized for every tower).
-    ('pack_size_sources', 4),
-    # Packs on CPU devices are copied by one thread (a DynamicStitch).
-    ('stitch_on_cpus', True),
     # All-reduced gradients go in buckets of up to this many bytes, in the
     # order back-propagation ends them (PyTorch DDP's default bucket size)...
     ('all_reduce_bucket_bytes', 25 * 1024 * 1024),
@@ -50,18 +37,6 @@ class Tuning(collections.namedtuple('Tuning', list(_FIELDS))):
     pack_max_group: most values in one pack, unless the pack stays within
       `pack_small_bytes`.
     pack_small_bytes: a pack this small takes any number of values.
-    read_pack_max_bytes: largest variable read of a copied CPU tower that is
-      delivered in a pack (0: none).
-    fuse_min_bytes: smallest MatMul weight gradient summed over CPU towers
-      as one product (None: never fused).
-    one_thread_bytes: on CPUs, packs are kept below this size so that one
-      thread copies and sums them.
-    pack_size_sources: on CPUs, gradient packs are sized so that a sum of
-      this many towers' packs stays on one thread; with more towers packs
-      keep that size, so their number stays fixed. None: sized for the sum
-      over every tower (packs shrink and multiply as towers grow: O(N^2)
-      concatenations for N towers).
-    stitch_on_cpus: whether large packs on CPUs are copied by one thread.
     all_reduce_bucket_bytes: the all-reduce of gradients (REPLICATED's
       default `AllReduceCrossTowerOps`, and across workers) runs in buckets
       filled in the order back-propagation ends the gradients, the last
@@ -79,9 +54,9 @@ class Tuning(collections.namedtuple('Tuning', list(_FIELDS))):
     """Builds a `Tuning`; fields not given keep their defaults.
 
     Raises:
-      InvalidArgumentError: for an unknown field or a negative size.
-      InvalidTypeError: for a size that is not an int (or None where
-        allowed) or a `stitch_on_cpus` that is not a bool.
+      InvalidArgumentError: for an unknown field or a size below its
+        minimum.
+      InvalidTypeError: for a size that is not an int.
     """
     unknown = sorted(set(kwargs) - set(_FIELDS))
     if unknown:
@@ -98,23 +73,11 @@ class Tuning(collections.namedtuple('Tuning', list(_FIELDS))):
     return Tuning(**dict(self._asdict(), **kwargs))
 
 
-_NULLABLE = ('fuse_min_bytes', 'pack_size_sources')
-
-
 def _check_field(name, value):
-  if name == 'stitch_on_cpus':
-    if not isinstance(value, bool):
-      raise errors.InvalidTypeError(
-          'Tuning.stitch_on_cpus must be a bool, got {!r}.'.format(value))
-    return
-  if value is None and name in _NULLABLE:
-    return
   if not isinstance(value, int) or isinstance(value, bool):
     raise errors.InvalidTypeError(
-        'Tuning.{} must be an int{}, got {!r}.'.format(
-            name, ' or None' if name in _NULLABLE else '', value))
-  minimum = {'pack_max_group': 1, 'pack_size_sources': 1,
-             'all_reduce_bucket_bytes': 1,
+        'Tuning.{} must be an int, got {!r}.'.format(name, value))
+  minimum = {'pack_max_group': 1, 'all_reduce_bucket_bytes': 1,
              'all_reduce_min_buckets': 1}.get(name, 0)
   if value < minimum:
     raise errors.InvalidArgumentError(

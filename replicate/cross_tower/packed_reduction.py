@@ -57,12 +57,8 @@ def batch_reduce_packed(value_destination_pairs, reduce_fn, reduce_to_device):
   for (devices, destinations, (device, _, _)), indices in groups.items():
     sizes = [packing.num_bytes(value_destination_pairs[index][0].values[0])
              for index in indices]
-    # On CPUs, packs of a fixed size: their number does not grow with the
-    # devices (one_thread_pack_bytes).
-    max_bytes = packing.one_thread_pack_bytes(
-        devices, list(destinations) + [device], tuning.pack_size_sources)
     for positions in packing.pack_chunks(sizes, tuning.pack_max_group,
-                                         tuning.pack_small_bytes, max_bytes):
+                                         tuning.pack_small_bytes):
       chunk = [indices[position] for position in positions]
       if len(chunk) < 2:
         continue

@@ -1,8 +1,8 @@
 """Gradient machinery shared by towers and by the mirrored strategy.
 
-Holds per-variable GATE_OP gating (`gradient_gating`), the packed and fused
-gradient sums over devices (`gradient_aggregation`), packed variable reads
-(`read_packing`) and gradient accumulation (`accumulation`). Functions here
+Holds per-variable GATE_OP gating (`gradient_gating`), the packed gradient
+sums over devices (`gradient_aggregation`) and gradient accumulation
+(`accumulation`). Functions here
 take per-device lists and graphs; they know nothing of towers or strategies.
 Gradients themselves are TF's own: nothing here registers a gradient or
 marks an op with an override.

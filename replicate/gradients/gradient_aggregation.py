@@ -1,29 +1,22 @@
 """Summing tower gradients: plain functions over per-tower lists.
 
-Each variable's gradients are summed on the variable's device. Small dense
-gradients are summed in packs (one concat per tower, one `add_n`, one split;
-the same element-wise order as a per-variable `add_n`; on CPUs packs keep
-one size whatever the number of towers). Large `MatMul`
-weight gradients of CPU towers of one task are fused: the sum over towers
-of `X_i^T . dY_i` is computed as one product `concat(X_i)^T . concat(dY_i)`,
-equal within float rounding; other devices always sum, since a product on
-the variable's device would move the work off them. Thresholds: `Tuning`;
-why they pay off: docs/performance.md.
+Each variable's gradients are summed on the variable's device with `add_n`.
+Small dense gradients are summed in packs (one concat per tower, one
+`add_n`, one split): one transfer per tower and pack instead of one per
+variable, and the same element-wise order as a per-variable `add_n`.
+Thresholds: `Tuning`.
 """
 import collections
 
 import tensorflow as tf
 
 from replicate._compat import tf1
-from replicate.core import device_util
 from replicate.core import logs as logging
 from replicate.core import packing
 from replicate.core import tuning as tuning_lib
-from replicate.gradients import gradient_gating
 
 
-def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None,
-                              raw_gradients=None, fuse_min_bytes=None):
+def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None):
   """Sums the gradients of each variable across towers.
 
   Args:
@@ -34,18 +27,8 @@ def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None,
       known static shape of rank >= 1 in every tower, are packed per tower
       (grouped by variable device, dtype and shape after dimension 0, at
       most `Tuning.pack_max_group` variables per pack unless the pack stays
-      within `Tuning.pack_small_bytes`, and on CPU devices below
-      `packing.one_thread_pack_bytes` for `Tuning.pack_size_sources`
-      towers) and summed with one `add_n` per pack; 0 disables packing;
-      None means `Tuning.pack_max_bytes`.
-    raw_gradients: optional dict from gradient tensor names (as given in
-      `tower_grads_and_vars`) to the `gradient_gating.RawGradient` they gate.
-      A variable whose tower gradients all map to `MatMul` outputs of at
-      least `fuse_min_bytes`, on CPU devices of the variable's task, gets one
-      fused product instead of a sum (see the module docstring). None: no
-      fusion.
-    fuse_min_bytes: the smallest gradient that is fused; None means
-      `Tuning.fuse_min_bytes` (itself None: no fusion).
+      within `Tuning.pack_small_bytes`) and summed with one `add_n` per
+      pack; 0 disables packing; None means `Tuning.pack_max_bytes`.
 
   Returns:
     A list of `(summed_gradient, variable)` pairs, one per variable that has
@@ -56,8 +39,6 @@ def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None,
   tuning = tuning_lib.get_tuning()
   if pack_max_bytes is None:
     pack_max_bytes = tuning.pack_max_bytes
-  if fuse_min_bytes is None:
-    fuse_min_bytes = tuning.fuse_min_bytes
   grads_by_var = collections.OrderedDict()
   variables = {}
   for grads_and_vars in tower_grads_and_vars:
@@ -71,25 +52,15 @@ def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None,
   summed = {}
   groups = collections.OrderedDict()
   for key, grads in grads_by_var.items():
-    raws = _fusable_matmul_gradients(grads, variables[key].device,
-                                     raw_gradients or {}, fuse_min_bytes)
-    if raws is not None:
-      summed[key] = _fused_matmul_sum(raws, variables[key].device)
-      continue
     group = _pack_group(grads, variables[key].device, pack_max_bytes)
     if group is None:
       summed[key] = sum_on_device(grads, variables[key].device)
     else:
       groups.setdefault(group, []).append(key)
   for (device, _, _), group_keys in groups.items():
-    towers = [grad.device for grad in grads_by_var[group_keys[0]]]
-    # On CPUs, packs of a fixed size: their number does not grow with the
-    # towers (one_thread_pack_bytes).
-    max_bytes = packing.one_thread_pack_bytes(towers, [device],
-                                              tuning.pack_size_sources)
     chunks = packing.pack_chunks(
         [packing.num_bytes(grads_by_var[key][0]) for key in group_keys],
-        tuning.pack_max_group, tuning.pack_small_bytes, max_bytes)
+        tuning.pack_max_group, tuning.pack_small_bytes)
     for chunk in chunks:
       keys = [group_keys[index] for index in chunk]
       if len(keys) == 1:
@@ -152,109 +123,6 @@ def _sum_packed(grads_per_var, device):
       grads_per_var, towers,
       lambda packs: sum_on_device(packs, device, name='packed_sum'),
       [device], name='packed_gradients')[0]
-
-
-def fused_matmul_sum(grads, device, raw_gradients, fuse_min_bytes=None):
-  """The sum of one variable's tower gradients as one product, if fusable.
-
-  See the module docstring and `_fusable_matmul_gradients` for when a sum is
-  fused.
-
-  Args:
-    grads: the variable's gradient in each tower (two or more).
-    device: the device of the variable (where the product runs).
-    raw_gradients: a dict from gradient tensor names to the
-      `gradient_gating.RawGradient` they gate.
-    fuse_min_bytes: the smallest gradient that is fused; None means
-      `Tuning.fuse_min_bytes` (itself None: no fusion).
-
-  Returns:
-    The summed gradient, or None where the sum is not fused.
-  """
-  if fuse_min_bytes is None:
-    fuse_min_bytes = tuning_lib.get_tuning().fuse_min_bytes
-  raws = _fusable_matmul_gradients(grads, device, raw_gradients,
-                                   fuse_min_bytes)
-  return None if raws is None else _fused_matmul_sum(raws, device)
-
-
-def _fusable_matmul_gradients(grads, device, raw_gradients, fuse_min_bytes):
-  """The `RawGradient`s of one variable's tower gradients, if fusable.
-
-  Fusable: at least two towers; each gradient a dense tensor recorded in
-  `raw_gradients` whose raw form is a `MatMul` output; the same transposes,
-  dtype and fully known shape in every tower; at least `fuse_min_bytes`;
-  every tower's `MatMul` and the variable's `device` on CPU devices of one
-  task; and,
-  where the contracted dimensions are known, inputs smaller in all than the
-  gradients they replace.
-
-  Returns:
-    A list of `RawGradient`s, one per tower, or None.
-  """
-  if len(grads) < 2 or any(isinstance(g, tf.IndexedSlices) for g in grads):
-    return None
-  raws = [raw_gradients.get(g.name) for g in grads]
-  if any(raw is None or raw.tensor.op.type != 'MatMul' for raw in raws):
-    return None
-  first = raws[0].tensor
-  shape = first.shape
-  if not shape.is_fully_defined():
-    return None
-  if fuse_min_bytes is None or packing.num_bytes(first) < fuse_min_bytes:
-    return None
-  attrs = _transposes(first.op)
-  for raw in raws[1:]:
-    if (raw.tensor.dtype != first.dtype or raw.tensor.shape != shape or
-        _transposes(raw.tensor.op) != attrs):
-      return None
-  if not device_util.on_cpus_of_one_task([device] +
-                                         [raw.tensor.op.device for raw in raws]):
-    return None
-  input_elements = 0
-  for raw in raws:
-    for tensor in raw.tensor.op.inputs:
-      if not tensor.shape.is_fully_defined():
-        return raws  # Unknown batch: the gradient size decides alone.
-      input_elements += tensor.shape.num_elements()
-  if input_elements >= len(raws) * shape.num_elements():
-    return None
-  return raws
-
-
-def _transposes(matmul_op):
-  return (matmul_op.get_attr('transpose_a'), matmul_op.get_attr('transpose_b'))
-
-
-def _fused_matmul_sum(raws, device):
-  """One `MatMul` of the towers' inputs: the sum of the towers' products.
-
-  Tower i's gradient is `matmul(a_i, b_i)` (with the transposes of its op);
-  concatenating the `a_i` and the `b_i` along the contracted dimension gives
-  the sum over towers. Each tower's `b_i` first waits for the tower's gates.
-
-  Args:
-    raws: one `RawGradient` per tower (fusable, see
-      `_fusable_matmul_gradients`).
-    device: the variable's device.
-
-  Returns:
-    The summed gradient.
-  """
-  transpose_a, transpose_b = _transposes(raws[0].tensor.op)
-  a_parts = []
-  b_parts = []
-  for raw in raws:
-    a, b = raw.tensor.op.inputs
-    a_parts.append(a)
-    b_parts.append(gradient_gating.gate(b, raw.gates))
-  with tf1.device(device):
-    a = tf.concat(a_parts, axis=0 if transpose_a else 1,
-                  name='fused_gradient_lhs')
-    b = tf.concat(b_parts, axis=1 if transpose_b else 0,
-                  name='fused_gradient_rhs')
-    return tf1.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b,
-                      name='fused_gradient')
 
 
 def sum_on_device(values, device, name=None):

@@ -2,51 +2,20 @@
 
 GATE_OP keeps a variable's update from running while a backward op (e.g.
 `dY . W^T`) still reads the variable, by grouping the outputs of every
-gradient function: every gradient op then depends on its siblings, and a
-tower must compute its own weight gradients even where the aggregation could
-fuse them. Towers instead compute gradients ungated and make each variable's
-gradient wait for the ops of the tower's gradient computation that read that
-variable. A variable read inside TF1 control flow (`while_loop`/`cond` built
-as frames and branches, where nothing outside may wait for one op) waits for
-every gradient of the tower instead. The ungated gradients are returned as
-`RawGradient`s, so that the aggregation can fuse them under the same gate.
+gradient function: a layer's input gradient then waits for its weight
+gradient, which lengthens back-propagation. Towers instead compute
+gradients ungated and make each variable's gradient wait for the ops of the
+tower's gradient computation that read that variable. A variable read inside
+TF1 control flow (`while_loop`/`cond` built as frames and branches, where
+nothing outside may wait for one op) waits for every gradient of the tower
+instead.
 """
 import collections
 
 import tensorflow as tf
 
 from replicate._compat import tf1
-
-# Ops that read a variable without copying it: a reference variable's
-# snapshot (`Identity`) and a resource variable's `ReadVariableOp`.
-READ_OP_TYPES = frozenset(['Identity', 'ReadVariableOp'])
-# Ops that are a variable.
-VARIABLE_OP_TYPES = frozenset(['VariableV2', 'Variable', 'VarHandleOp'])
-# TF1 control flow: ops that run in a loop's frame or a branch, where no op
-# outside may wait for them (see the module docstring).
-_CONTROL_FLOW_OP_TYPES = frozenset([
-    'Enter', 'RefEnter', 'Switch', 'RefSwitch', 'Merge', 'RefMerge', 'Exit',
-    'RefExit', 'NextIteration', 'RefNextIteration', 'LoopCond'])
-# Those of them through which a loop or a branch receives a tensor (here: a
-# variable, or a read of one).
-_CONTROL_FLOW_ENTRY_TYPES = frozenset(['Enter', 'RefEnter', 'Switch',
-                                       'RefSwitch'])
-
-
-class RawGradient(
-    collections.namedtuple('RawGradient', ['tensor', 'gates'])):
-  """An ungated gradient and what it must wait for.
-
-  Attributes:
-    tensor: the gradient as the gradient function produced it (a `Tensor`, or
-      the values of an `IndexedSlices`).
-    gates: ops of the same tower's gradient computation that must have run
-      before the variable may change: those that read it, or, for a
-      variable read inside TF1 control flow, every gradient of the tower;
-      whatever is computed from `tensor` in its place must not be used
-      before they ran.
-  """
-  __slots__ = ()
+from replicate.core import op_kinds
 
 
 def ops_created_by(graph, fn):
@@ -75,18 +44,15 @@ def gate_by_variable(grads_and_vars, gradient_ops):
       `ops_created_by`).
 
   Returns:
-    `(gated_grads_and_vars, raw)`: the pairs with every gradient whose
-    variable is read by some op of `gradient_ops` replaced by an identity
-    that waits for those ops (an `IndexedSlices` gets gated values), and a
-    dict from each returned gradient tensor's name (the values' name for
-    `IndexedSlices`) to its `RawGradient`. A variable that some op of
+    The pairs, with every gradient whose variable is read by some op of
+    `gradient_ops` replaced by an identity that waits for those ops (an
+    `IndexedSlices` gets gated values). A variable that some op of
     `gradient_ops` reads inside TF1 control flow gets a gradient that waits
     for every gradient in `grads_and_vars` instead.
   """
   readers, read_in_control_flow = _readers_by_variable_op(gradient_ops)
   every_gradient = None
   result = []
-  raw = {}
   for grad, var in grads_and_vars:
     if grad is None:
       result.append((grad, var))
@@ -98,13 +64,12 @@ def gate_by_variable(grads_and_vars, gradient_ops):
       gates = list(gates) + [op for op in every_gradient if op not in gates]
     values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
     gated_values = gate(values, gates)
-    raw[gated_values.name] = RawGradient(values, tuple(gates))
     if isinstance(grad, tf.IndexedSlices):
       grad = tf.IndexedSlices(gated_values, grad.indices, grad.dense_shape)
     else:
       grad = gated_values
     result.append((grad, var))
-  return result, raw
+  return result
 
 
 def gate(tensor, gates):
@@ -142,8 +107,8 @@ def _readers_by_variable_op(ops):
   readers = collections.defaultdict(list)
   read_in_control_flow = set()
   for op in ops:
-    if op.type in _CONTROL_FLOW_OP_TYPES:
-      if op.type in _CONTROL_FLOW_ENTRY_TYPES and op.inputs:
+    if op.type in op_kinds.CONTROL_FLOW_OP_TYPES:
+      if op.type in op_kinds.CONTROL_FLOW_ENTRY_TYPES and op.inputs:
         variable_op = _variable_op_read_by(op.inputs[0])
         if variable_op is not None:
           read_in_control_flow.add(variable_op.name)
@@ -165,6 +130,6 @@ def _readers_by_variable_op(ops):
 def _variable_op_read_by(tensor):
   """The variable op `tensor` is (or is a read of), or None."""
   source = tensor.op
-  if source.type in READ_OP_TYPES and source.inputs:
+  if source.type in op_kinds.READ_OP_TYPES and source.inputs:
     source = source.inputs[0].op
-  return source if source.type in VARIABLE_OP_TYPES else None
+  return source if source.type in op_kinds.VARIABLE_OP_TYPES else None

@@ -3,8 +3,7 @@
 Holds the copying mechanics shared by `replicate_model_fn`'s towers and
 `MirroredStrategy`'s replicas (`graph_copier`: the window of ops to copy, the
 cone a set of targets needs, inputs mapped per copy, devices, seeds, TF1
-while-loop frames, colocation, packed variable reads, the collector paused
-during an import), the `NodeDef` edits a copy needs (`node_defs`), each
+while-loop frames, colocation, the collector paused during an import), the `NodeDef` edits a copy needs (`node_defs`), each
 copy's own functions where TF 2 control flow draws random numbers
 (`function_copies`), the copies TF's placer binds to a shared variable's
 device (`bound_devices`), and variables made in bulk, one import per batch
@@ -12,6 +11,6 @@ device (`bound_devices`), and variables made in bulk, one import per batch
 optimizer's slots of them). What to copy and when is the clients' decision
 (towers: `tower_cloning`, `output_copies`; strategy: `replica_loop`).
 
-May import: `replicate.core`, `replicate.gradients` (and errors, _compat).
+May import: `replicate.core` (and errors, _compat).
 Never `cross_tower`, `towers`, `strategy`, `cluster` or a facade.
 """

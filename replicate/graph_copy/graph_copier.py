@@ -13,12 +13,11 @@ import tensorflow as tf
 from replicate import _graph_import
 from replicate._compat import tf1
 from replicate.core import device_util
-from replicate.gradients import read_packing
+from replicate.core import op_kinds
 from replicate.graph_copy import bound_devices
 from replicate.graph_copy import bulk_variables
 from replicate.graph_copy import function_copies
 from replicate.graph_copy import node_defs
-from replicate.graph_copy import op_kinds
 
 
 class GraphCopier(object):
@@ -66,10 +65,6 @@ class GraphCopier(object):
     # (`Operation`s: their names are a call into TF's C API each time).
     self._shared = set()
     self._copied = set()
-    # Per tower, packed copies of variable reads (read_packing.py), by the
-    # read's tensor name; and the reads already offered for packing.
-    self._read_copies = [None] + [{} for _ in self._devices[1:]]
-    self._reads_offered = set()
     # Tower-0 variables of which every copied tower has its own (metric
     # variables in EVAL, see `own_variables`).
     self._own_variable_ops = set()
@@ -88,7 +83,7 @@ class GraphCopier(object):
     Args:
       targets: tower-0 `Tensor`s and `Operation`s.
     """
-    window, todo, shared = self._cone(targets)
+    window, todo = self._cone(targets)
     ops = [op for op in window if op in todo]  # creation order
     if not ops:
       return
@@ -96,7 +91,7 @@ class GraphCopier(object):
     with self._graph.as_default(), tf1.device(None), tf1.name_scope(None), (
         tf1.control_dependencies(None)), tf1.colocate_with(
             None, ignore_existing=True):
-      self._import(ops, todo, shared)
+      self._import(ops, todo)
 
   def _make_prefixes(self):
     if self._prefixes is None:
@@ -194,23 +189,12 @@ class GraphCopier(object):
       # A control input on the op means a control input on the copy's op.
       self._copies[tower_id][original.op.name] = copy.op
 
-  def reads_needed_by(self, targets):
-    """The plain variable reads that copies of `targets` would read."""
-    window, todo, shared = self._cone(targets)
-    reads = {}
-    for op in window:
-      if op in todo:
-        for tensor in op.inputs:
-          if tensor.op in shared and op_kinds.is_plain_read(tensor.op):
-            reads[tensor.name] = tensor
-    return list(reads.values())
-
   def _cone(self, targets):
-    """`(window, ops to copy, shared ops)` for copying `targets`.
+    """`(window, ops to copy)` for copying `targets`.
 
     The ops to copy are the ops of tower 0 (the window) that `targets`
     depend on through data or control inputs, stopping at shared ops and at
-    ops copied before. All three are of `Operation`s.
+    ops copied before. Both are of `Operation`s.
     """
     window = self._window()
     in_window = set(window)
@@ -225,16 +209,15 @@ class GraphCopier(object):
       todo.add(op)
       stack.extend(t.op for t in op.inputs)
       stack.extend(op.control_inputs)
-    return window, todo, shared
+    return window, todo
 
-  def _import(self, ops, todo, shared):
+  def _import(self, ops, todo):
     """Copies `ops` (the set `todo`) onto every other tower: one import.
 
     Every tower's copies go into one `GraphDef`, named `tower_<i>/<name>`.
     An input from outside `ops` is renamed the same way and mapped, per
     tower, to what that tower reads: its copy from an earlier round, its
-    shard of the batch, a packed copy of a variable read, or the tensor
-    itself (shared).
+    shard of the batch, or the tensor itself (shared).
     """
     graph_def = tf1.GraphDef()
     graph_def.versions.CopyFrom(self._graph.graph_def_versions)
@@ -248,9 +231,6 @@ class GraphCopier(object):
       for control in op.control_inputs:
         if control not in todo:
           external['^' + control.name] = control
-    self.copy_reads([t for t in external.values()
-                     if isinstance(t, tf.Tensor) and t.op in shared and
-                     op_kinds.is_plain_read(t.op)])
     originals = [op.node_def for op in ops]
     todo_names = set(node_def.name for node_def in originals)
     anchors = bound_devices.anchors(
@@ -261,7 +241,6 @@ class GraphCopier(object):
     for tower_id in range(1, len(self._devices)):
       prefix = self._prefixes[tower_id]
       copies = self._copies[tower_id]
-      read_copies = self._read_copies[tower_id]
       for op, node_def in zip(ops, originals):
         node = graph_def.node.add()
         node.CopyFrom(node_def)
@@ -296,8 +275,7 @@ class GraphCopier(object):
           input_map['^' + prefix + name[1:]] = self._control_tensor(
               copies.get(value.name, value))
         else:
-          input_map[prefix + name] = read_copies.get(
-              value.name, copies.get(value.name, value))
+          input_map[prefix + name] = copies.get(value.name, value)
     with tf1.device(lambda op: devices.get(op.name, op.device)), (
         bulk_variables.collector_paused()):
       imported = _graph_import.import_graph_def(
@@ -312,41 +290,6 @@ class GraphCopier(object):
         copies[op.name] = new_op
         for old, new in zip(op.outputs, new_op.outputs):
           copies[old.name] = new
-
-  def copy_reads(self, reads):
-    """Packs variable reads for the copied towers (read_packing.py).
-
-    Reads offered before are skipped; a read that is not packed stays as it
-    is (the towers receive it directly).
-
-    Args:
-      reads: tensors, each the output of a plain read of a variable: an
-        identity of a reference variable or a read of a resource variable,
-        without control inputs.
-    """
-    reads = [t for t in reads if t.name not in self._reads_offered]
-    if not reads:
-      return
-    self._reads_offered.update(t.name for t in reads)
-    with self._graph.as_default(), tf1.device(None), tf1.name_scope(None), (
-        tf1.control_dependencies(None)), tf1.colocate_with(
-            None, ignore_existing=True):
-      copies = read_packing.tower_copies(
-          [(t, op_kinds.read_device(t.op)) for t in reads], self._devices)
-    for tower_id in range(1, len(self._devices)):
-      self._read_copies[tower_id].update(copies[tower_id])
-
-  def reads_copied(self, reads):
-    """Whether every copied tower reads each of `reads` from a pack.
-
-    Args:
-      reads: tensors; None stands for a read that cannot be copied.
-
-    Returns:
-      A bool.
-    """
-    return all(read is not None and read.name in self._read_copies[tower_id]
-               for read in reads for tower_id in range(1, len(self._devices)))
 
   def name_scope(self, tower_id):
     """The name scope (ending in '/') of tower `tower_id`'s copies."""

@@ -116,17 +116,14 @@ def tensors_of(structure):
                  if t is not None)
     elif isinstance(leaf, tf.SparseTensor):
       out.extend([leaf.indices, leaf.values, leaf.dense_shape])
-    elif hasattr(leaf, '_replica_tensors'):
-      out.extend(leaf._replica_tensors())  # pylint: disable=protected-access
   return out
 
 
 def copy_of(copier, replica_id, structure):
   """Replica `replica_id`'s copy of a nest of replica 0's values.
 
-  Tensors, ops, `IndexedSlices` and `SparseTensor`s become their copies; an
-  object with `_replica_copy(get)` (e.g. the raw gradients of
-  mirrored_gradients.py) copies itself; anything else is the same object.
+  Tensors, ops, `IndexedSlices` and `SparseTensor`s become their copies;
+  anything else is the same object.
   """
   def get(value):
     return copier.get(replica_id, value)
@@ -137,8 +134,6 @@ def copy_of(copier, replica_id, structure):
     if isinstance(leaf, tf.SparseTensor):
       return tf.SparseTensor(get(leaf.indices), get(leaf.values),
                              get(leaf.dense_shape))
-    if hasattr(leaf, '_replica_copy'):
-      return leaf._replica_copy(get)  # pylint: disable=protected-access
     return leaf
   return tf.nest.map_structure(copy_leaf, structure)
 

@@ -2,8 +2,7 @@
 
 `apply_gradients_across_replicas` is the route a mirrored replica context
 offers optimizer wrappers (`ReplicaContext._apply_gradients`): one
-`merge_call` sums each variable's gradients over the replicas (large `MatMul`
-weight gradients of CPU replicas as one fused product) and one
+`merge_call` sums each variable's gradients over the replicas and one
 `apply_gradients` updates every copy.
 """
 import functools
@@ -14,10 +13,7 @@ from replicate import errors
 from replicate._compat import tf1
 from replicate.core.compression import Compression
 from replicate.core.reduce_util import ReduceOp
-from replicate.cross_tower import cross_tower_base
 from replicate.cross_tower import values as values_lib
-from replicate.gradients import gradient_aggregation
-from replicate.gradients import gradient_gating
 from replicate.graph_copy import bulk_variables
 from replicate.strategy import default_strategy
 from replicate.strategy import distribute_context
@@ -33,11 +29,7 @@ def apply_gradients_across_replicas(optimizer, grads_and_vars,
   replica, with that replica's gradients (of a loss scaled to the global
   batch). In one `merge_call`, the per-replica gradients are summed with
   `batch_reduce_to` onto the variables' devices, and `optimizer` updates every
-  copy of every variable with the sum. Gradients that
-  `TowerOptimizer.compute_gradients` computed in CPU replicas of one task as
-  large `MatMul` weight gradients are instead summed as one product of the
-  replicas' inputs on the variable's first device (unless the strategy was
-  given a `cross_tower_ops`). All copies are updated by a single
+  copy of every variable with the sum. All copies are updated by a single
   `apply_gradients` call, so state the optimizer keeps once per step (Adam's
   beta powers, the global step) advances once. Slots are made per copy
   (the primary's by the optimizer, the others' from it in one import: see
@@ -54,7 +46,7 @@ def apply_gradients_across_replicas(optimizer, grads_and_vars,
     name: optional name of the returned op.
     compression: optional compressor (`replicate.Compression.fp16`): each
       replica's gradients are compressed on its device before the
-      reduction and decompressed after it (no fused sums then).
+      reduction and decompressed after it.
 
   Returns:
     The op applying the update (the same op on every replica).
@@ -79,16 +71,12 @@ def apply_gradients_across_replicas(optimizer, grads_and_vars,
     grads_and_vars = [(c, v) for (c, _), (_, v) in
                       zip(compressed, grads_and_vars)]
     contexts = _Contexts(compression, [context for _, context in compressed])
-    raws = None
-  else:
-    raws = _ReplicaRawGradients(
-        [replica._raw_gradient(g) for g, _ in grads_and_vars])  # pylint: disable=protected-access
   # The optimizer travels in the merge function, not its arguments: replicas
   # may each have built their own optimizer object (e.g. a model_fn called
   # per replica); the first replica's one applies the update, as in TF.
   return replica.merge_call(
       functools.partial(_apply_merged, optimizer=optimizer),
-      args=(grads_and_vars, global_step, name, raws, contexts))
+      args=(grads_and_vars, global_step, name, contexts))
 
 
 class _Contexts(object):
@@ -102,65 +90,6 @@ class _Contexts(object):
     self.contexts = contexts
 
 
-class _ReplicaRawGradients(object):
-  """One replica's `RawGradient`s (or None), by position of its gradients.
-
-  A plain object, so that `merge_call` hands it over whole, one per replica.
-  """
-
-  def __init__(self, raws):
-    self.raws = raws
-
-  def _replica_tensors(self):
-    """What a copy of this replica's object is made from (mirrored_copies)."""
-    return [t for raw in self.raws if raw is not None
-            for t in (raw.tensor,) + tuple(raw.gates)]
-
-  def _replica_copy(self, get):
-    """Another replica's object: `get` maps each tensor and op to its copy."""
-    return _ReplicaRawGradients([
-        None if raw is None else gradient_gating.RawGradient(
-            get(raw.tensor), tuple(get(gate) for gate in raw.gates))
-        for raw in self.raws])
-
-
-def _fused_sums(strategy, grads_and_vars, raws):
-  """Sums over replicas computed as one `MatMul` of the replicas' inputs.
-
-  Where every replica's gradient of a variable is a large `MatMul` weight
-  gradient recorded by `TowerOptimizer`, and the replicas and the variable
-  are CPU devices of one task, the sum is one product of the replicas'
-  inputs concatenated (as `replicate_model_fn` sums its CPU towers'), placed
-  on the variable's primary device and copied to the others. Only with the
-  strategy's default cross-tower ops: a `cross_tower_ops` given to the
-  strategy reduces every gradient.
-
-  Returns:
-    A dict from positions in `grads_and_vars` to the `Mirrored` sums.
-  """
-  if (not isinstance(raws, values_lib.PerReplica) or
-      not strategy.extended._fuses_matmul_gradients):  # pylint: disable=protected-access
-    return {}
-  devices = strategy.extended.worker_devices
-  per_replica = [raws.get(device).raws for device in devices]
-  fused = {}
-  for index, (grad, var) in enumerate(grads_and_vars):
-    if not isinstance(grad, values_lib.PerReplica):
-      continue
-    grads = [grad.get(device) for device in devices]
-    raw_gradients = {}
-    for replica_grad, replica_raws in zip(grads, per_replica):
-      if replica_raws[index] is not None:
-        raw_gradients[replica_grad.name] = replica_raws[index]
-    if len(raw_gradients) != len(devices):
-      continue
-    total = gradient_aggregation.fused_matmul_sum(grads, var.devices[0],
-                                                  raw_gradients)
-    if total is not None:
-      fused[index] = cross_tower_base.mirror(total, var.devices)
-  return fused
-
-
 def _first_replica(value):
   """One replica's component of a merge argument (all replicas' are alike)."""
   if isinstance(value, values_lib.PerReplica):
@@ -168,7 +97,7 @@ def _first_replica(value):
   return value
 
 
-def _apply_merged(strategy, grads_and_vars, global_step, name, raws, contexts,
+def _apply_merged(strategy, grads_and_vars, global_step, name, contexts,
                   optimizer):
   pairs = [(g, v) for g, v in grads_and_vars if g is not None]
   if not pairs:
@@ -181,19 +110,15 @@ def _apply_merged(strategy, grads_and_vars, global_step, name, raws, contexts,
           'Variable {!r} is not a mirrored variable of the current strategy; '
           'create the model variables inside strategy.scope() (or inside '
           'call_for_each_replica).'.format(v))
-  fused = _fused_sums(strategy, grads_and_vars, raws)
-  rest = [(g, v) for index, (g, v) in enumerate(grads_and_vars)
-          if g is not None and index not in fused]
-  reduced_rest = iter(strategy.extended.batch_reduce_to(ReduceOp.SUM, rest)
-                      if rest else [])
+  reduced = iter(strategy.extended.batch_reduce_to(ReduceOp.SUM, pairs))
   per_copy = []
   contexts = _first_replica(contexts)
   for index, (g, v) in enumerate(grads_and_vars):
     if g is None:
       continue
-    reduced = fused[index] if index in fused else next(reduced_rest)
+    summed = next(reduced)
     for device, copy in zip(v.devices, v.values):
-      value = reduced.get(device)
+      value = summed.get(device)
       if contexts is not None:
         value = contexts.compressor.decompress(value,
                                                contexts.contexts[index])

@@ -146,7 +146,6 @@ class MirroredReplicaContext(replica_context.ReplicaContext):
     super(MirroredReplicaContext, self).__init__(strategy,
                                                  replica_id_in_sync_group)
     self._thread = thread
-    self._raw_gradients = {}
 
   @property
   def replica_id_in_sync_group(self):
@@ -172,20 +171,11 @@ class MirroredReplicaContext(replica_context.ReplicaContext):
   def _routes_gradients(self):
     return True
 
-  def _record_raw_gradients(self, raw_gradients):
-    self._raw_gradients.update(raw_gradients)
-
   def _apply_gradients(self, optimizer, grads_and_vars, global_step, name,
                        compression=None):
     return mirrored_gradients.apply_gradients_across_replicas(
         optimizer, grads_and_vars, global_step=global_step, name=name,
         compression=compression)
-
-  def _raw_gradient(self, gradient):
-    """The `RawGradient` recorded for `gradient` in this replica, or None."""
-    if not isinstance(gradient, tf.Tensor):
-      return None
-    return self._raw_gradients.get(gradient.name)
 
   def _merge_call(self, merge_fn, args, kwargs):
     if threading.current_thread() is not self._thread:

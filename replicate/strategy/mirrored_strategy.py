@@ -260,16 +260,6 @@ class MirroredExtended(strategy_extended.StrategyExtended):
   # Reductions.
 
   @property
-  def _fuses_matmul_gradients(self):
-    """Whether `TowerOptimizer` updates may fuse `MatMul` weight gradients.
-
-    True with the default cross-tower ops (a `cross_tower_ops` given to the
-    strategy reduces every gradient); `apply_gradients_across_replicas`
-    fuses only where replicas and variables are CPUs of one task.
-    """
-    return self._given_cross_tower_ops is None
-
-  @property
   def _cross_tower_ops(self):
     if self._given_cross_tower_ops is not None:
       return self._given_cross_tower_ops

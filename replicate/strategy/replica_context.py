@@ -127,15 +127,11 @@ class ReplicaContext(object):
   # The gradient route: how an optimizer wrapper (`TowerOptimizer`) treats
   # gradients computed in this replica. Here, and in the default context,
   # the wrapped optimizer applies them as it is; a strategy whose replicas
-  # must sum gradients across replicas overrides all three.
+  # must sum gradients across replicas overrides both.
 
   def _routes_gradients(self):
     """Whether `_apply_gradients` replaces the optimizer's own apply."""
     return False
-
-  def _record_raw_gradients(self, raw_gradients):
-    """Keeps the `gradient_gating.RawGradient`s gated in this replica."""
-    del raw_gradients  # Nothing to fuse with a single replica.
 
   def _apply_gradients(self, optimizer, grads_and_vars, global_step, name,
                        compression=None):

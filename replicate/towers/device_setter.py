@@ -8,15 +8,7 @@ import enum
 from replicate._compat import tf1
 from replicate.core import device_check
 from replicate.core import device_util
-from replicate.graph_copy import op_kinds
-
-# Ops that own state (variables, tables): copies of a tower share them
-# (graph_copy/op_kinds.py).
-STATEFUL_OP_TYPES = op_kinds.STATEFUL_OP_TYPES
-# Those of them that belong on a parameter device, not on a tower device:
-# variables and mutable tables. A static table stays with tower 0, like the
-# initializer that fills it in every session.
-PARAMETER_OP_TYPES = op_kinds.PARAMETER_OP_TYPES
+from replicate.core import op_kinds
 
 
 class VariablePlacement(enum.Enum):
@@ -120,7 +112,8 @@ def tower_device_setter(worker_device, choose_parameter_device,
                         requested_devices=None):
   """A device function: parameters to a parameter device, others here.
 
-  Parameters are variables and mutable tables (`PARAMETER_OP_TYPES`).
+  Parameters are variables and mutable tables (`op_kinds.PARAMETER_OP_TYPES`;
+  a static table stays with tower 0, like the initializer that fills it).
   A device the user set explicitly inside `model_fn` (e.g. `tf.device('/cpu:0')`
   around an embedding lookup) is kept; only unset fields are filled in.
 
@@ -146,7 +139,7 @@ def tower_device_setter(worker_device, choose_parameter_device,
     op_type = op.type if isinstance(op, tf1.Operation) else op.op
     if requested_devices is not None:
       requested_devices[op.name] = requested
-    if op_type in PARAMETER_OP_TYPES:
+    if op_type in op_kinds.PARAMETER_OP_TYPES:
       spec = device_util.parse(choose_parameter_device(op))
       spec.merge_from(device_util.parse(requested))
       return spec.to_string()

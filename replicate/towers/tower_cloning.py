@@ -38,7 +38,6 @@ import tensorflow as tf
 
 from replicate._compat import tf1
 from replicate.core import logs as logging
-from replicate.gradients import gradient_gating
 from replicate.graph_copy import copy_policy
 
 
@@ -79,8 +78,8 @@ def clone_optimizer_call(replication, call_index):
   `replication.cloner` is set. The first call decides whether tower 0 may be
   copied at all: if not, it logs why, unsets `replication.cloner`, and the
   other towers are built by calling `model_fn`. Otherwise every tower gets a
-  copy of the call (its gradients, and their raw forms and gates for the
-  aggregation), and `replication.towers_cloned` is set.
+  copy of the call (its gradients and their gates), and
+  `replication.towers_cloned` is set.
 
   Args:
     replication: the `tower_context.Replication` being built.
@@ -100,58 +99,27 @@ def clone_optimizer_call(replication, call_index):
   if replicated is not None:
     replicated.make_copies(cloner)
   optimizer_name, grads_and_vars = replication.optimizer_call(0, call_index)
-  # Pack every read the copies will make at once (forward and gates), so
-  # that each group of variables comes in one pack.
-  cloner.copy_reads(cloner.reads_needed_by(
-      [t for grad, _ in grads_and_vars if grad is not None
-       for t in _gradient_targets(grad, replication.raw_gradients, True)]))
-  # For each gradient: (tower-0 gradient, tensor its copies are made from,
-  # tower-0 RawGradient or None, whether the copies keep the gates).
-  plans = []
+  # A gradient is copied with its gate (gradient_gating.py): the copy of an
+  # identity that waits for the tower's backward reads of the variable.
   targets = []
-  for grad, var in grads_and_vars:
-    if grad is None:
-      plans.append(None)
-      continue
-    sparse = isinstance(grad, tf.IndexedSlices)
-    values = grad.values if sparse else grad
-    raw = replication.raw_gradients.get(values.name)
-    # A copy that reads `var` only from packs reads a copy of it, not the
-    # variable: its gradient needs no gate (gradient_gating.py).
-    gated = bool(raw is not None and raw.gates and not cloner.reads_copied(
-        _reads_of(var, raw.gates) or [None]))
-    plans.append((grad, values if raw is None or gated else raw.tensor, raw,
-                  gated))
-    targets.extend(_gradient_targets(grad, replication.raw_gradients, gated))
+  for grad, _ in grads_and_vars:
+    if isinstance(grad, tf.IndexedSlices):
+      targets.extend(t for t in (grad.values, grad.indices, grad.dense_shape)
+                     if t is not None)
+    elif grad is not None:
+      targets.append(grad)
   # The loss values are copied now too: the model's spec reports one of them
   # as a rule, and a round of its own would cost another import.
   cloner.clone(targets + replication.gradient_losses)
   replication.towers_cloned = True
   for tower_id in range(1, replication.num_towers):
     copied = []
-    raws = {}
-    for plan, (_, var) in zip(plans, grads_and_vars):
+    for grad, var in grads_and_vars:
       if replicated is not None:
         var = replicated.copy_of(tower_id, var)
-      if plan is None:
-        copied.append((None, var))
-        continue
-      grad, source, raw, gated = plan
-      values = cloner.get(tower_id, source)
-      if isinstance(grad, tf.IndexedSlices):
-        copied.append((tf.IndexedSlices(
-            values, cloner.get(tower_id, grad.indices),
-            cloner.get(tower_id, grad.dense_shape)), var))
-      else:
-        copied.append((values, var))
-      if raw is not None:
-        raws[values.name] = gradient_gating.RawGradient(
-            cloner.get(tower_id, raw.tensor),
-            tuple(cloner.get(tower_id, gate) for gate in raw.gates)
-            if gated else ())
+      copied.append((cloner.get(tower_id, grad), var))
     replication.record_optimizer_call(optimizer_name, copied,
                                       tower_id=tower_id)
-    replication.record_raw_gradients(raws)
 
 
 def copied_specs(cloner, replication, first_spec, unscaled_loss, collections):
@@ -183,50 +151,3 @@ def copied_specs(cloner, replication, first_spec, unscaled_loss, collections):
                                     tower_id)
     specs.append(first_spec._replace(loss=loss))
   return specs
-
-
-def _gradient_targets(grad, raw_gradients, gated):
-  """What a copy of tower 0's gradient `grad` is made from.
-
-  Args:
-    grad: a `Tensor` or `IndexedSlices` returned by a `TowerOptimizer`.
-    raw_gradients: the `RawGradient`s recorded for the towers.
-    gated: whether the copies keep the gate (else they are made from the raw
-      gradient).
-
-  Returns:
-    A list of tensors and ops.
-  """
-  sparse = isinstance(grad, tf.IndexedSlices)
-  values = grad.values if sparse else grad
-  raw = raw_gradients.get(values.name)
-  targets = [values if raw is None or gated else raw.tensor]
-  if sparse:
-    targets.append(grad.indices)
-    if grad.dense_shape is not None:
-      targets.append(grad.dense_shape)
-  if raw is not None:
-    targets.append(raw.tensor)
-    if gated:
-      targets.extend(raw.gates)
-  return targets
-
-
-def _reads_of(variable, ops):
-  """The read tensors through which `ops` read `variable`.
-
-  Returns:
-    A list, or None when some op reads the variable itself (its reference),
-    not through a read.
-  """
-  variable_op = variable.op.name
-  reads = []
-  for op in ops:
-    for tensor in op.inputs:
-      if tensor.op.name == variable_op:
-        return None
-      source = tensor.op
-      if (source.type in gradient_gating.READ_OP_TYPES and source.inputs and
-          source.inputs[0].op.name == variable_op):
-        reads.append(tensor)
-  return reads

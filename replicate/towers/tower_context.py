@@ -132,7 +132,6 @@ class Replication(object):
     self.not_cloned_reason = None
     self.gradient_losses = []
     self._calls = [[] for _ in range(num_towers)]
-    self._raw_gradients = {}
 
   @property
   def applying_tower_id(self):
@@ -202,20 +201,6 @@ class Replication(object):
     calls.append(_OptimizerCall(optimizer_name, list(grads_and_vars),
                                 scopes))
     return len(calls) - 1
-
-  def record_raw_gradients(self, raw_gradients):
-    """Records gradients as computed, by the name of what the tower returned.
-
-    Args:
-      raw_gradients: a dict from gradient tensor names to
-        `gradient_gating.RawGradient`s (see `TowerOptimizer`).
-    """
-    self._raw_gradients.update(raw_gradients)
-
-  @property
-  def raw_gradients(self):
-    """All recorded raw gradients, by the name of the returned gradient."""
-    return self._raw_gradients
 
   def num_optimizer_calls(self, tower_id):
     return len(self._calls[tower_id])

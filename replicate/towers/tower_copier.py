@@ -7,9 +7,9 @@ come from tower 0, see tower_collections.py). What to copy and when is
 decided in tower_cloning.py.
 """
 from replicate._compat import tf1
+from replicate.core import op_kinds
 from replicate.graph_copy import graph_copier
 from replicate.graph_copy import node_defs
-from replicate.graph_copy import op_kinds
 from replicate.towers import device_setter
 
 
@@ -29,7 +29,7 @@ class TowerCloner(graph_copier.GraphCopier):
     """
     super(TowerCloner, self).__init__(
         graph, devices, first_op_index, tower_inputs,
-        stateful_op_types=device_setter.STATEFUL_OP_TYPES, scope_name='tower')
+        stateful_op_types=op_kinds.STATEFUL_OP_TYPES, scope_name='tower')
 
   def reason_not_to_clone(self, tower_context_requested, sum_reduction):
     """Why tower 0 must not be copied, or None when it may be.
@@ -54,7 +54,7 @@ class TowerCloner(graph_copier.GraphCopier):
     for op in window:
       requested = self.requested_devices.get(op.name)
       if (requested is not None and op.device != self._placed(requested, 0)
-          and op.type not in device_setter.STATEFUL_OP_TYPES and
+          and op.type not in op_kinds.STATEFUL_OP_TYPES and
           not node_defs.colocation_targets(op.node_def)):
         return ('a device scope around the replicated model_fn moved {} to '
                 '{!r}'.format(op.name, op.device))

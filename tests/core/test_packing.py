@@ -9,7 +9,6 @@ from replicate import testing
 from replicate._compat import tf1
 from replicate.core import device_util
 from replicate.core import packing
-from replicate.core import tuning
 
 _DEVICES = testing.virtual_cpu_devices(2)
 # (shape, dtype) per gradient: mixed sizes and dtypes, one float64 in between.
@@ -140,147 +139,47 @@ class PackChunksTest(parameterized.TestCase, tf.test.TestCase):
     self.assertEqual(want, packing.pack_chunks(sizes, max_count, small_bytes))
 
   @parameterized.named_parameters(
-      # The kernels of 4 CPU towers, below 200 KB (204800 bytes) a pack:
-      # 12 kernels make 196608 bytes, 13 would make 212992: packs of 12,
-      # eight of them and one of the last 4.
-      ('kernels', [16384] * 100, 16, 65536, 204800,
-       [list(range(i, min(i + 12, 100))) for i in range(0, 100, 12)]),
-      # The cap binds before max_count and before small_bytes: 3 + 3 < 7.
-      ('cap_first', [3] * 5, 16, 100, 7, [[0, 1], [2, 3], [4]]),
-      # A value at or above the cap is a pack of its own.
-      ('large_alone', [2, 10, 2, 2], 16, 100, 8, [[0], [1], [2, 3]]),
-      ('no_cap', [16384] * 20, 16, 65536, None,
-       [list(range(16)), list(range(16, 20))]),
+      ('zero_count', 0, 100, 'max_count must be an int >= 1, got 0'),
+      ('float_count', 2.0, 100, 'max_count must be an int >= 1, got 2.0'),
+      ('negative_bytes', 4, -1, 'small_bytes must be >= 0'),
   )
-  def test_chunks_below_max_bytes(self, sizes, max_count, small_bytes,
-                                  max_bytes, want):
-    self.assertEqual(want, packing.pack_chunks(sizes, max_count, small_bytes,
-                                               max_bytes))
-
-  @parameterized.named_parameters(
-      ('zero_count', 0, 100, None, 'max_count must be an int >= 1, got 0'),
-      ('float_count', 2.0, 100, None,
-       'max_count must be an int >= 1, got 2.0'),
-      ('negative_bytes', 4, -1, None, 'small_bytes must be >= 0'),
-      ('zero_max_bytes', 4, 100, 0, 'max_bytes must be None .* got 0'),
-      ('float_max_bytes', 4, 100, 1e5,
-       r'max_bytes must be None .* got 100000.0'),
-  )
-  def test_bad_arguments(self, max_count, small_bytes, max_bytes, message):
+  def test_bad_arguments(self, max_count, small_bytes, message):
     with self.assertRaisesRegex(ValueError, message):
-      packing.pack_chunks([1, 2], max_count, small_bytes, max_bytes)
+      packing.pack_chunks([1, 2], max_count, small_bytes)
 
 
-class OneThreadPackBytesTest(parameterized.TestCase, tf.test.TestCase):
-  """packing.one_thread_pack_bytes: a cap on CPUs, none elsewhere."""
+class ReduceConcatenatedTest(tf.test.TestCase):
+  """packing.reduce_concatenated: tf.concat per source, one reduce, splits."""
 
-  @parameterized.named_parameters(
-      # Up to 4 summed packs: Tuning.one_thread_bytes (200 KB); 8: half.
-      ('two_cpus', ['/cpu:0', '/cpu:1'], ['/cpu:0'], 204800),
-      ('four_cpus', ['/cpu:%d' % i for i in range(4)], ['/cpu:0'], 204800),
-      ('eight_cpus', ['/cpu:%d' % i for i in range(8)], [], 102400),
-      ('gpu_source', ['/cpu:0', '/gpu:0'], ['/cpu:0'], None),
-      ('gpu_destination', ['/cpu:0', '/cpu:1'], ['/gpu:0'], None),
-      ('unknown_device', ['', '/cpu:1'], [], None),
-      ('no_sources', [], ['/cpu:0'], None),
-  )
-  def test_cap(self, sources, devices, want):
-    self.assertEqual(want, packing.one_thread_pack_bytes(sources, devices))
-
-  @parameterized.named_parameters(
-      # Sized for at most 4 sources: 200 KB for 8 or 16 towers alike.
-      ('eight_cpus', 8, 4, 204800),
-      ('sixteen_cpus', 16, 4, 204800),
-      # Sized for 8 of 16 sources: half.
-      ('eight_of_sixteen', 16, 8, 102400),
-      ('fewer_sources', 2, 8, 204800),
-  )
-  def test_max_sources_fixes_the_size(self, num_sources, max_sources, want):
-    sources = ['/cpu:%d' % i for i in range(num_sources)]
-    self.assertEqual(want, packing.one_thread_pack_bytes(
-        sources, ['/cpu:0'], max_sources=max_sources))
-    self.assertIsNone(packing.one_thread_pack_bytes(
-        sources, ['/gpu:0'], max_sources=max_sources))
-
-
-class ConcatRowsTest(parameterized.TestCase, tf.test.TestCase):
-  """packing.concat_rows: tf.concat along dimension 0, one thread on CPUs."""
-
-  @parameterized.named_parameters(
-      ('matrices', [(3, 2), (1, 2), (5, 2)], np.float32),
-      ('vectors', [(4,), (2,), (6,)], np.int32),
-      ('rank_3', [(2, 3, 2), (1, 3, 2)], np.float64),
-      ('booleans', [(2,), (3,)], np.bool_),
-  )
-  def test_cpu_stitches_the_rows_of_a_large_pack(self, shapes, dtype):
+  def test_sums_rows_exactly_with_tf_concat(self):
+    # Two values ([3, 2] and [1, 2]) on two source devices: each source
+    # concatenates its [4, 2] pack with TF's ConcatV2, the sum adds the
+    # packs, and each
+    # destination splits the [4, 2] sum back into [3, 2] and [1, 2].
     rng = np.random.RandomState(0)
-    arrays = [(rng.randn(*shape) * 100).astype(dtype) for shape in shapes]
-    graph = tf.Graph()
-    # With a one-thread size of 4 bytes every pack here counts as large.
-    with graph.as_default(), tuning.tuning_scope(
-        tuning.Tuning(one_thread_bytes=4)):
-      with tf.device(_DEVICES[1]):
-        tensors = [tf.constant(a) for a in arrays]
-      packed = packing.concat_rows(tensors, _DEVICES[0], name='rows')
-      # The static shape is known without running.
-      self.assertEqual([sum(s[0] for s in shapes)] + list(shapes[0][1:]),
-                       packed.shape.as_list())
-      self.assertEqual('DynamicStitch', packed.op.type)
-      # One index range per value.
-      self.assertEqual(len(shapes), packed.op.get_attr('N'))
-      self.assertEqual(device_util.canonicalize(_DEVICES[0]),
-                       device_util.canonicalize(packed.op.device))
+    arrays = [[(rng.randn(*shape) * 100).astype(np.float32)
+               for _ in _DEVICES] for shape in ((3, 2), (1, 2))]
+    with tf.Graph().as_default() as graph:
+      tensors = []
+      for per_device in arrays:
+        value_tensors = []
+        for device, array in zip(_DEVICES, per_device):
+          with tf.device(device):
+            value_tensors.append(tf.constant(array))
+        tensors.append(value_tensors)
+      pieces = packing.reduce_concatenated(
+          tensors, _DEVICES, tf.math.add_n, _DEVICES, name='rows')
+      concats = [op for op in graph.get_operations()
+                 if op.name.startswith('rows') and op.type != 'Const']
+      self.assertEqual(['ConcatV2'] * 2, [op.type for op in concats])
+      self.assertEqual(
+          [device_util.canonicalize(d) for d in _DEVICES],
+          [device_util.canonicalize(op.device) for op in concats])
       with tf1.Session(config=testing.virtual_cpu_config(2)) as sess:
-        got = sess.run(packed)
-    self.assertEqual(dtype, got.dtype)
-    self.assertAllEqual(np.concatenate(arrays, axis=0), got)
-
-  @parameterized.named_parameters(
-      # 16 kernels of 64 x 64 floats: 256 KB, at least Tuning.one_thread_bytes.
-      ('kernels_256_kb', 16, [64, 64], 'DynamicStitch'),
-      # 12 of them: 192 KB, which TF's ConcatV2 copies on one thread.
-      ('kernels_192_kb', 12, [64, 64], 'ConcatV2'),
-      # 100 biases of 64 floats: 25 KB.
-      ('biases', 100, [64], 'ConcatV2'),
-  )
-  def test_size_picks_the_op(self, num_values, shape, op_type):
-    rng = np.random.RandomState(1)
-    arrays = [rng.randn(*shape).astype(np.float32) for _ in range(num_values)]
-    graph = tf.Graph()
-    with graph.as_default():
-      packed = packing.concat_rows([tf.constant(a) for a in arrays],
-                                   _DEVICES[0])
-      self.assertEqual(op_type, packed.op.type)
-      with tf1.Session(config=testing.virtual_cpu_config(1)) as sess:
-        got = sess.run(packed)
-    self.assertAllEqual(np.concatenate(arrays, axis=0), got)
-
-  @parameterized.named_parameters(
-      ('gpu', '/device:GPU:0', 2, True),
-      ('unknown_device', '', 2, True),
-      ('one_tensor', '/device:CPU:0', 1, True),
-      ('stitch_off', '/device:CPU:0', 2, False),
-  )
-  def test_tf_concat_elsewhere(self, device, num_tensors, stitch_on_cpus):
-    with tf.Graph().as_default(), tuning.tuning_scope(
-        tuning.Tuning(stitch_on_cpus=stitch_on_cpus)):
-      tensors = [tf.zeros([2, 3]) for _ in range(num_tensors)]
-      packed = packing.concat_rows(tensors, device)
-      self.assertNotEqual('DynamicStitch', packed.op.type)
-      self.assertEqual([2 * num_tensors, 3], packed.shape.as_list())
-
-  def test_bad_tensors(self):
-    with tf.Graph().as_default():
-      with self.assertRaisesRegex(ValueError, 'at least one tensor'):
-        packing.concat_rows([], _DEVICES[0])
-      with self.assertRaisesRegex(ValueError, r'got b:0 of shape \(2, 4\)'):
-        packing.concat_rows([tf.zeros([2, 3], name='a'),
-                             tf.zeros([2, 4], name='b')], _DEVICES[0])
-      unknown = tf1.placeholder(tf.float32, [None, 3], name='unknown')
-      with self.assertRaisesRegex(ValueError, 'got unknown:0'):
-        packing.concat_rows([tf.zeros([2, 3]), unknown], _DEVICES[0])
-      with self.assertRaisesRegex(ValueError, 'fully known shape'):
-        packing.concat_rows([tf.zeros([]), tf.zeros([])], _DEVICES[0])
+        got = sess.run(pieces)
+    for destination in got:
+      for value, per_device in zip(destination, arrays):
+        self.assertAllEqual(per_device[0] + per_device[1], value)
 
 
 if __name__ == '__main__':

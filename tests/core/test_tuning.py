@@ -14,10 +14,10 @@ class TuningTest(parameterized.TestCase, tf.test.TestCase):
     default = tuning.Tuning()
     self.assertEqual(256 * 1024, default.pack_max_bytes)
     self.assertEqual(16, default.pack_max_group)
-    self.assertTrue(default.stitch_on_cpus)
-    changed = default.replace(pack_max_group=4, fuse_min_bytes=None)
+    self.assertEqual(64 * 1024, default.pack_small_bytes)
+    changed = default.replace(pack_max_group=4, pack_small_bytes=0)
     self.assertEqual(4, changed.pack_max_group)
-    self.assertIsNone(changed.fuse_min_bytes)
+    self.assertEqual(0, changed.pack_small_bytes)
     # The original is untouched: the object is immutable.
     self.assertEqual(16, default.pack_max_group)
     with self.assertRaises(AttributeError):
@@ -31,21 +31,30 @@ class TuningTest(parameterized.TestCase, tf.test.TestCase):
        'Tuning.pack_max_bytes must be at least 0, got -1'),
       ('empty_group', dict(pack_max_group=0), errors.InvalidArgumentError,
        'Tuning.pack_max_group must be at least 1, got 0'),
-      ('no_sources', dict(pack_size_sources=0), errors.InvalidArgumentError,
-       'Tuning.pack_size_sources must be at least 1, got 0'),
-      ('float', dict(one_thread_bytes=1.5), errors.InvalidTypeError,
-       'Tuning.one_thread_bytes must be an int, got 1.5'),
+      ('no_buckets', dict(all_reduce_min_buckets=0),
+       errors.InvalidArgumentError,
+       'Tuning.all_reduce_min_buckets must be at least 1, got 0'),
+      ('float', dict(all_reduce_bucket_bytes=1.5), errors.InvalidTypeError,
+       'Tuning.all_reduce_bucket_bytes must be an int, got 1.5'),
       ('none_not_allowed', dict(pack_small_bytes=None),
        errors.InvalidTypeError, 'Tuning.pack_small_bytes must be an int'),
       ('bool_size', dict(pack_max_bytes=True), errors.InvalidTypeError,
        'Tuning.pack_max_bytes must be an int'),
-      ('stitch_not_bool', dict(stitch_on_cpus=1), errors.InvalidTypeError,
-       'Tuning.stitch_on_cpus must be a bool, got 1'),
       # The CPU MatMul gradient override and its threshold are gone (an
       # override left an attribute only `import replicate` could resolve).
       ('removed_matmul_field', dict(matmul_min_elements=None),
        errors.InvalidArgumentError,
        r"Unknown Tuning field\(s\) \['matmul_min_elements'\]"),
+      # So are the CPU-only rewrites' fields (fused MatMul gradients, packed
+      # reads, one-thread copies, CPU pack sizing): an old name is an error.
+      ('removed_cpu_fields',
+       dict(fuse_min_bytes=None, one_thread_bytes=1, pack_size_sources=4,
+            read_pack_max_bytes=0, stitch_on_cpus=False),
+       errors.InvalidArgumentError,
+       r"Unknown Tuning field\(s\) \['fuse_min_bytes', 'one_thread_bytes', "
+       r"'pack_size_sources', 'read_pack_max_bytes', 'stitch_on_cpus'\]; "
+       'the fields are pack_max_bytes, pack_max_group, pack_small_bytes, '
+       'all_reduce_bucket_bytes, all_reduce_min_buckets'),
   )
   def test_bad_fields(self, kwargs, error, message):
     with self.assertRaisesRegex(error, message):

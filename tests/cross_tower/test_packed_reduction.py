@@ -1,5 +1,5 @@
 """ReductionToOneDeviceCrossTowerOps.batch_reduce packs small values
-(replicate/packed_reduction.py): same results, fewer ops."""
+(replicate/cross_tower/packed_reduction.py): same results, fewer ops."""
 
 from absl.testing import parameterized
 import numpy as np
@@ -33,11 +33,11 @@ def _per_device(arrays, devices=_DEVICES):
 def _mixed_arrays(rng):
   """Per value, one array per device: what packs and what does not.
 
-  18 values of [64, 64] (16 KB each: one group; on CPUs a pack of 12 and
-  one of 6, since 12 of them exceed Tuning.pack_small_bytes and 13 would reach
-  packing.one_thread_pack_bytes, 200 KB), 20 of [6] (480 bytes in all:
-  one pack), a scalar (rank 0: alone) and a [300, 300] float32 value
-  (360 KB, above Tuning.pack_max_bytes: alone). Small integers: every sum is exact.
+  18 values of [64, 64] (16 KB each: one group; a pack of 16, since 16 of
+  them exceed Tuning.pack_small_bytes, 64 KB, and one of 2), 20 of [6] (480
+  bytes in all: one pack), a scalar (rank 0: alone) and a [300, 300]
+  float32 value (360 KB, above Tuning.pack_max_bytes: alone). Small
+  integers: every sum is exact.
   """
   shapes = [(64, 64)] * 18 + [(6,)] * 20 + [(), (300, 300)]
   return [[rng.randint(-8, 8, size=s).astype(np.float32) for _ in _DEVICES]
@@ -105,16 +105,15 @@ class PackedBatchReduceTest(parameterized.TestCase, tf.test.TestCase):
     by_type = {}
     for op in new_ops:
       by_type.setdefault(op.type, []).append(op)
-    # Packs: 12 + 6 values of [64, 64] and 20 of [6]: 3 packs, each a concat
-    # on each of the 4 devices, one add_n and a split on each of the 2
-    # destinations; the scalar and the large value: an add_n each, and an
-    # identity per destination. Every pack is below 200 KB: a ConcatV2, no
-    # DynamicStitch (packing.concat_rows).
+    # Packs: 16 + 2 values of [64, 64] and 20 of [6]: 3 packs, each a
+    # ConcatV2 on each of the 4 devices, one add_n and a split on each of the
+    # 2 destinations; the scalar and the large value: an add_n each, and an
+    # identity per destination.
     self.assertLen(by_type['ConcatV2'], 3 * 4)
     self.assertNotIn('DynamicStitch', by_type)
     self.assertLen(by_type['AddN'], 3 + 2)
     self.assertLen(by_type['SplitV'], 3 * 2)
-    self.assertEqual([12, 12, 6, 6, 20, 20], [op.get_attr('num_split')
+    self.assertEqual([16, 16, 2, 2, 20, 20], [op.get_attr('num_split')
                                               for op in by_type['SplitV']])
     self.assertLen(by_type['Identity'], 2 * 2)
     self.assertEqual(
@@ -127,25 +126,27 @@ class PackedBatchReduceTest(parameterized.TestCase, tf.test.TestCase):
     self.assertEqual(sorted(_CANONICAL[1:3] * 3), sorted(
         device_util.canonicalize(op.device) for op in by_type['SplitV']))
 
-  def test_packs_keep_their_size_as_devices_grow(self):
-    # 40 values of [64, 64] (16 KB each) on 8 devices: packs stay below the
-    # one-thread size of a 4-source sum (200 KB: 12 values), so 12 + 12 +
-    # 12 + 4: 4 packs, one concat per device each. Sized for an 8-source sum
-    # (pack_size_sources=None, the layout before) they would hold 6: 7 packs.
+  @parameterized.named_parameters(
+      ('two_cpus', 'cpu', 2), ('eight_cpus', 'cpu', 8),
+      ('eight_gpus', 'gpu', 8))
+  def test_packs_keep_their_size_on_every_device_kind(self, kind,
+                                                      num_devices):
+    # 40 values of [64, 64] (16 KB each): packs of Tuning.pack_max_group (16)
+    # values, since 16 already exceed pack_small_bytes (64 KB): 16 + 16 + 8,
+    # 3 packs whatever the number or kind of devices, each one ConcatV2 per
+    # device and one add_n (graph only: no GPU is needed to build).
     rng = np.random.RandomState(3)
-    devices = testing.virtual_cpu_devices(8)
-    for knobs, num_packs in ((tuning.Tuning(), 4),
-                             (tuning.Tuning(pack_size_sources=None), 7)):
-      graph = tf.Graph()
-      with graph.as_default(), tuning.tuning_scope(knobs):
-        inputs = [_per_device(
-            [rng.randint(-3, 4, size=(64, 64)).astype(np.float32)
-             for _ in devices], devices) for _ in range(40)]
-        replicate.ReductionToOneDeviceCrossTowerOps().batch_reduce(
-            ReduceOp.SUM, [(v, ['/cpu:0']) for v in inputs])
-      self.assertEqual(num_packs * 8, _count(graph, 'ConcatV2') +
-                       _count(graph, 'DynamicStitch'))
-      self.assertEqual(num_packs, _count(graph, 'AddN'))
+    devices = ['/{}:{}'.format(kind, i) for i in range(num_devices)]
+    graph = tf.Graph()
+    with graph.as_default():
+      inputs = [_per_device(
+          [rng.randint(-3, 4, size=(64, 64)).astype(np.float32)
+           for _ in devices], devices) for _ in range(40)]
+      replicate.ReductionToOneDeviceCrossTowerOps().batch_reduce(
+          ReduceOp.SUM, [(v, [devices[0]]) for v in inputs])
+    self.assertEqual(3 * num_devices, _count(graph, 'ConcatV2'))
+    self.assertEqual(0, _count(graph, 'DynamicStitch'))
+    self.assertEqual(3, _count(graph, 'AddN'))
 
   def test_packing_off(self):
     arrays = _mixed_arrays(np.random.RandomState(2))

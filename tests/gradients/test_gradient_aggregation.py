@@ -76,20 +76,16 @@ class PackedSumTest(tf.test.TestCase, parameterized.TestCase):
       self.assertAllClose(got_plain[i], ordered, rtol=1e-6, atol=1e-6)
 
   @parameterized.named_parameters(
-      # 20 kernels of 64 x 64 floats (16 KB): on CPUs a pack stays below
-      # 200 KB (packing.one_thread_pack_bytes), so 12 kernels and then 8; the
-      # 20 biases (256 bytes each, 5 KB in all) share one pack.
-      ('small_packs_grow', 64 * 1024, None, [12, 8, 20]),
-      # Without the small-pack rule the biases come 16 + 4.
-      ('count_only', 0, None, [12, 8, 16, 4]),
-      # Without the size cap the kernels come 16 + 4 (pack_max_group).
-      ('no_size_cap', 64 * 1024, 1 << 30, [16, 4, 20]),
+      # 20 kernels of 64 x 64 floats (16 KB): 16 of them exceed
+      # Tuning.pack_small_bytes (64 KB), so 16 (pack_max_group) and then 4;
+      # the 20 biases (256 bytes each, 5 KB in all) share one pack.
+      ('small_packs_grow', 64 * 1024, [16, 4, 20]),
+      # Without the small-pack rule the biases come 16 + 4 too.
+      ('count_only', 0, [16, 4, 16, 4]),
   )
-  def test_packs_per_group(self, small_bytes, one_thread_bytes, pack_sizes):
+  def test_packs_per_group(self, small_bytes, pack_sizes):
     graph = tf.Graph()
     knobs = tuning.Tuning(pack_small_bytes=small_bytes)
-    if one_thread_bytes:
-      knobs = knobs.replace(one_thread_bytes=one_thread_bytes)
     with graph.as_default(), tuning.tuning_scope(knobs):
       tower_grads, values, _ = _tower_grads([(64, 64), (64,)] * 20, 4)
       summed = gradient_aggregation.sum_gradients_by_variable(tower_grads)
@@ -100,9 +96,8 @@ class PackedSumTest(tf.test.TestCase, parameterized.TestCase):
     by_type = collections.defaultdict(list)
     for op in graph.get_operations():
       by_type[op.type].append(op)
-    # A concat per tower and pack, one add_n and one split per pack. Every
-    # pack is below Tuning.one_thread_bytes, so packing.concat_rows makes it a
-    # ConcatV2.
+    # A ConcatV2 per tower and pack, one add_n and one split per pack.
+    self.assertNotIn('DynamicStitch', by_type)
     self.assertLen(by_type['ConcatV2'], 4 * len(pack_sizes))
     self.assertLen(by_type['AddN'], len(pack_sizes))
     self.assertEqual(pack_sizes, [op.get_attr('num_split')
@@ -123,7 +118,7 @@ class PackedSumTest(tf.test.TestCase, parameterized.TestCase):
       self.assertEqual(add_n.op.type, 'AddN')
       self.assertIn('CPU:0', add_n.op.device)
       concat_devices = sorted(t.op.device for t in add_n.op.inputs)
-      # One pack per tower (28 floats: a ConcatV2 on CPUs).
+      # One pack per tower (28 floats: a ConcatV2).
       self.assertEqual([t.op.type for t in add_n.op.inputs], ['ConcatV2'] * 4)
       for t, device in enumerate(concat_devices):
         self.assertIn('CPU:{}'.format(t), device)
@@ -169,7 +164,7 @@ class PackedSumTest(tf.test.TestCase, parameterized.TestCase):
 
 
 class PackScalingTest(tf.test.TestCase, parameterized.TestCase):
-  """On CPUs, packs keep one size: their number does not grow with towers."""
+  """Packs keep one size: their number does not grow with towers."""
 
   def _ops_by_type(self, num_towers, knobs, shapes):
     graph = tf.Graph()
@@ -182,28 +177,22 @@ class PackScalingTest(tf.test.TestCase, parameterized.TestCase):
           op.type for op in graph.get_operations()[start:])
 
   def test_concatenations_grow_as_towers_not_their_square(self):
-    # 40 kernels of 64 x 64 floats (16 KB each, 640 KB) and 40 biases. Packs
-    # below 200 KB (Tuning.one_thread_bytes) whatever the tower count: 12 +
-    # 12 + 12 + 4 kernels and one pack of the 40 biases (10 KB), so 5 packs:
-    # 5 concatenations a tower, 5 sums and 5 splits.
+    # 40 kernels of 64 x 64 floats (16 KB each, 640 KB) and 40 biases.
+    # Packs by Tuning alone whatever the tower count: 16 + 16 + 8 kernels
+    # (pack_max_group) and one pack of the 40 biases (10 KB, within
+    # pack_small_bytes), so 4 packs: 4 concatenations a tower, 4 sums and 4
+    # splits.
     shapes = [(64, 64), (64,)] * 40
     for num_towers in (2, 4, 8):
       ops = self._ops_by_type(num_towers, tuning.Tuning(), shapes)
-      self.assertEqual(5 * num_towers,
-                       ops['ConcatV2'] + ops['DynamicStitch'], num_towers)
-      self.assertEqual(5, ops['SplitV'], num_towers)
-      self.assertEqual(5, ops['AddN'], num_towers)
-    # Packs sized for a one-thread sum over every tower (pack_size_sources
-    # None, the layout before): at 8 towers below 100 KB, so 6 kernels a
-    # pack: 7 packs of kernels and the biases', 8 concatenations a tower.
-    # The count above would catch that.
-    ops = self._ops_by_type(8, tuning.Tuning(pack_size_sources=None), shapes)
-    self.assertEqual(8 * 8, ops['ConcatV2'] + ops['DynamicStitch'])
-    self.assertEqual(8, ops['SplitV'])
+      self.assertEqual(4 * num_towers, ops['ConcatV2'], num_towers)
+      self.assertEqual(0, ops['DynamicStitch'], num_towers)
+      self.assertEqual(4, ops['SplitV'], num_towers)
+      self.assertEqual(4, ops['AddN'], num_towers)
 
   @parameterized.named_parameters(('five', 5), ('eight', 8))
   def test_many_towers_sum_bit_identical_to_one_add_n(self, num_towers):
-    # 24 kernels of 64 x 64 (two packs of 12: 192 KB each) and their biases.
+    # 24 kernels of 64 x 64 (packs of 16 and 8) and their biases (one pack).
     shapes = [(64, 64), (64,)] * 24
     devices = replicate.testing.virtual_cpu_devices(num_towers)
     with tf.Graph().as_default():

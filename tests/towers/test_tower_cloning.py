@@ -1,5 +1,4 @@
-"""TowerBuild.CLONE: towers 1..N-1 as copies of tower 0 (tower_cloning.py)
-and their packed variable reads (read_packing.py)."""
+"""TowerBuild.CLONE: towers 1..N-1 as copies of tower 0 (tower_cloning.py)."""
 import functools
 from unittest import mock
 
@@ -322,52 +321,25 @@ class CloneGraphTest(tf.test.TestCase):
         graph.get_operation_by_name('tower_3/pinned').device)
 
 
-class ReadPackingTest(tf.test.TestCase):
-  """Copied towers on CPUs read small variables from packs."""
+class CopiedReadsTest(tf.test.TestCase):
+  """Copied towers read the shared variables as a per-tower call would."""
 
-  def test_reads_come_in_packs_made_before_the_updates(self):
-    graph, spec = _build(_deep_model_fn, mt.cpus(4))
-    packs = [op for op in graph.get_operations()
-             if mt.is_pack(op) and 'packed_reads' in op.name]
-    # Groups by trailing shape: kernels [8, 8] x 3 ([8, 8] of layer 0 too)
-    # and biases [8] x 4 (+ the logits bias [1]); the logits kernel [8, 1]
-    # is alone in its group and read directly.
-    self.assertLen(packs, 2)
-    for pack in packs:
-      self.assertEqual('/device:CPU:0', pack.device)
-      # 256 and 33 elements: TF's ConcatV2 copies them on one thread.
-      self.assertEqual('ConcatV2', pack.type)
-    self.assertEqual(sorted([4, 5]),
-                     sorted(pack.get_attr('N') for pack in packs))
-    unpacks = [op for op in graph.get_operations()
-               if op.type == 'SplitV' and 'unpacked_reads' in op.name]
-    self.assertEqual(['/device:CPU:{}'.format(i) for i in (1, 1, 2, 2, 3, 3)],
-                     sorted(op.device for op in unpacks))
-    # The copy of tower 2's first layer reads its kernel from a pack.
-    matmul = graph.get_operation_by_name('tower_2/layer_0/MatMul')
-    self.assertIn('unpacked_reads', matmul.inputs[1].op.name)
-    # Every update runs after the packs took their copies.
-    train_op = spec.train_op if isinstance(
-        spec.train_op, tf1.Operation) else spec.train_op.op
-    needed = set()
-    stack = [train_op]
-    while stack:
-      op = stack.pop()
-      if op.name not in needed:
-        needed.add(op.name)
-        stack.extend(t.op for t in op.inputs)
-        stack.extend(op.control_inputs)
-    for pack in packs:
-      self.assertIn(pack.name, needed)
+  def test_copies_read_the_variables_not_packs(self):
+    graph, _ = _build(_deep_model_fn, mt.cpus(4))
+    self.assertFalse([op.name for op in graph.get_operations()
+                      if 'packed_reads' in op.name or
+                      op.type == 'DynamicStitch'])
+    # The copy of tower 2's first layer reads the kernel through tower 0's
+    # read of it (shared, not copied), as every tower's model_fn call would
+    # read the one variable.
+    read = graph.get_operation_by_name('tower_2/layer_0/MatMul').inputs[1].op
+    self.assertIn(read.type, ('Identity', 'ReadVariableOp'))
+    self.assertFalse(read.name.startswith('tower_'), read.name)
+    self.assertEqual('layer_0/kernel', read.inputs[0].op.name)
 
-  def test_no_packs_for_towers_built_by_model_fn(self):
-    graph, _ = _build(_deep_model_fn, mt.cpus(4), tower_build=PER_TOWER)
-    self.assertFalse([op for op in graph.get_operations()
-                      if 'packed_reads' in op.name])
-
-  def test_fewer_transfers_per_step(self):
+  def test_same_transfers_as_model_fn_per_tower(self):
     def received(tower_build):
-      """(variable reads, packs) received per step by other devices."""
+      """Variable reads received per step by other devices."""
       graph, spec = _build(_deep_model_fn, mt.cpus(4),
                            tower_build=tower_build)
       with graph.as_default(), tf1.Session(
@@ -380,13 +352,13 @@ class ReadPackingTest(tf.test.TestCase):
       names = [node.attr['tensor_name'].s.decode()
                for partition in metadata.partition_graphs
                for node in partition.node if node.op == '_Recv']
-      reads = [n for n in names if n.endswith(('/read', 'ReadVariableOp'))]
-      return len(reads), len([n for n in names if 'packed_reads' in n])
+      return len([n for n in names
+                  if n.endswith(('/read', 'ReadVariableOp'))])
 
-    # Towers 1-3 built by model_fn receive each of the 10 variables of
-    # _deep_model_fn; copies receive 2 packs and the logits kernel.
-    self.assertEqual((3 * 10, 0), received(PER_TOWER))
-    self.assertEqual((3 * 1, 3 * 2), received(CLONE))
+    # Towers 1-3 receive each of the 10 variables of _deep_model_fn, built
+    # by model_fn or copied alike.
+    self.assertEqual(3 * 10, received(PER_TOWER))
+    self.assertEqual(3 * 10, received(CLONE))
 
 
 class FallbackTest(tf.test.TestCase, parameterized.TestCase):

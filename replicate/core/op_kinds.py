@@ -1,6 +1,23 @@
-"""Which ops of an original graph its copies share, and how they read."""
+"""Kinds of ops by type: variables and their reads, tables, TF1 control flow.
+
+The one place that names op types: what owns state (never copied, placed on
+a parameter device), what reads a variable, what a TF1 loop or branch is
+made of. Imports nothing of the package but `_compat`.
+"""
 from replicate._compat import tf1
-from replicate.gradients import gradient_gating
+
+# Ops that read a variable without copying it: a reference variable's
+# snapshot (`Identity`) and a resource variable's `ReadVariableOp`.
+READ_OP_TYPES = frozenset(['Identity', 'ReadVariableOp'])
+# Ops that are a variable.
+VARIABLE_OP_TYPES = frozenset(['VariableV2', 'Variable', 'VarHandleOp'])
+# TF1 control flow: ops that run in a loop's frame or a branch.
+CONTROL_FLOW_OP_TYPES = frozenset([
+    'Enter', 'RefEnter', 'Switch', 'RefSwitch', 'Merge', 'RefMerge', 'Exit',
+    'RefExit', 'NextIteration', 'RefNextIteration', 'LoopCond'])
+# Those of them through which a loop or a branch receives a tensor.
+CONTROL_FLOW_ENTRY_TYPES = frozenset(['Enter', 'RefEnter', 'Switch',
+                                      'RefSwitch'])
 
 # Ops that make a lookup table (the v1 reference and v2 resource kinds, and
 # TF 2's anonymous ones). A static table holds what its initializer put in;
@@ -53,20 +70,11 @@ def op_of(item):
 def is_plain_read(op):
   """A read of a variable without control inputs: the same in every copy."""
   op_type = op.type
-  if (op_type not in gradient_gating.READ_OP_TYPES or op.control_inputs or
+  if (op_type not in READ_OP_TYPES or op.control_inputs or
       len(op.inputs) != 1):
     return False
   source = op.inputs[0]
   if op_type == 'Identity':
-    return (source.op.type in gradient_gating.VARIABLE_OP_TYPES and
+    return (source.op.type in VARIABLE_OP_TYPES and
             source.dtype._is_ref_dtype)  # pylint: disable=protected-access
   return source.op.type == 'VarHandleOp'
-
-
-def read_device(read_op):
-  """Where a plain read runs: its device, else its variable's.
-
-  A resource variable's read is built without a device (`value()` leaves
-  every device scope) and placed next to the variable by TF's placer.
-  """
-  return read_op.device or read_op.inputs[0].op.device
