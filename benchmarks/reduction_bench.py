@@ -148,6 +148,7 @@ def _make_reducer(tf, name, kind, cls_name, kwargs):
         return [tf.reshape(p, s) for p, s in zip(parts, shapes)]
     return reduce_fn
   if kind == 'aggregation':
+    from replicate.core import tuning as tuning_lib  # pylint: disable=g-import-not-at-top
     from replicate.gradients import gradient_aggregation  # pylint: disable=g-import-not-at-top
 
     def reduce_fn(per_dev):
@@ -158,7 +159,7 @@ def _make_reducer(tf, name, kind, cls_name, kwargs):
       tower_grads = [list(zip(per_dev[d], variables))
                      for d in range(len(devices))]
       return [g for g, _ in gradient_aggregation.sum_gradients_by_variable(
-          tower_grads, **kwargs)]
+          tower_grads, tuning_lib.get_tuning(), **kwargs)]
     return reduce_fn
   if kind == 'tf':
     from tensorflow.python.distribute import values as tf_values  # pylint: disable=g-import-not-at-top

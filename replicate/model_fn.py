@@ -20,6 +20,7 @@ from replicate._compat import tf1
 from replicate.cluster import all_reduce_training
 from replicate.cluster import placement as cluster_placement
 from replicate.core import device_check
+from replicate.core import tuning as tuning_lib
 from replicate.cross_tower import all_reduce_ops
 from replicate.cross_tower import cross_tower_base
 from replicate.cross_tower import worker_all_reduce
@@ -46,7 +47,8 @@ def replicate_model_fn(model_fn,
                        ps_strategy=None,
                        tower_build=TowerBuild.CLONE,
                        cross_tower_ops=None,
-                       unsplit_features=None):
+                       unsplit_features=None,
+                       tuning=None):
   """Replicates `model_fn` over local devices: one tower per device.
 
   Drop-in for contrib's `replicate_model_fn`:
@@ -111,14 +113,18 @@ def replicate_model_fn(model_fn,
     unsplit_features: names of features (keys of the features dict) that
       every tower gets whole instead of a shard, e.g. a vocabulary tensor
       whose dimension 0 is no batch. Scalars are always given whole.
+    tuning: the `replicate.Tuning` the towers' gradient sums and all-reduce
+      are sized by; None: the one current (`replicate.tuning_scope`, else
+      `replicate.set_tuning`'s) in the thread that calls the returned
+      `model_fn`. A `cross_tower_ops` given keeps its own.
 
   Returns:
     A `model_fn` with the signature `(features, labels, mode, params, config)`.
 
   Raises:
     InvalidTypeError: if `model_fn` is not callable, `devices` or
-      `unsplit_features` is not a list of strings, or `cross_tower_ops` is
-      not a `CrossTowerOps`.
+      `unsplit_features` is not a list of strings, `cross_tower_ops` is
+      not a `CrossTowerOps`, or `tuning` not a `replicate.Tuning`.
     InvalidArgumentError: if `loss_reduction` is `NONE` or unknown, `devices`
       is empty or repeats a device, `variable_placement` or `tower_build` is
       unknown, `ps_strategy` comes with `ROUND_ROBIN` or `REPLICATED`,
@@ -179,6 +185,8 @@ def replicate_model_fn(model_fn,
         'once each (tower_build=CALL_PER_TOWER). Use tower_build=TowerBuild.'
         'CLONE, or VariablePlacement.CONSOLIDATION_DEVICE.')
   unsplit_features = batch_split.check_unsplit_features(unsplit_features)
+  if tuning is not None:
+    tuning_lib.resolve(tuning)  # Checked now; None is read at each build.
   if devices is not None:
     devices = _canonical_devices(devices)
   warned_missing_devices = set()  # warn once per replicate_model_fn
@@ -188,6 +196,7 @@ def replicate_model_fn(model_fn,
     if building_saved_model():
       return serving.build_for_export(model_fn, features, labels, mode,
                                       params, config, loss_reduction)
+    build_tuning = tuning_lib.resolve(tuning)
     tower_devices = devices or _default_devices()
     placement = cluster_placement.placement(config, mode, tower_devices,
                                   variable_placement, ps_strategy)
@@ -214,11 +223,12 @@ def replicate_model_fn(model_fn,
     if variable_placement == VariablePlacement.REPLICATED:
       replicated = replicated_variables.ReplicatedVariables(
           cross_tower_ops or _gradient_all_reduce(placement, config,
-                                                  loss_reduction),
+                                                  loss_reduction, build_tuning),
           placement.tower_devices)
     spec = tower_build_lib.build(model_fn, features, labels, mode, params,
                                  config, placement, loss_reduction,
-                                 tower_build, replicated, unsplit_features)
+                                 tower_build, replicated, unsplit_features,
+                                 build_tuning)
     if (mode == ModeKeys.TRAIN and replicated is not None and
         placement.num_workers > 1):
       # Every task initializes its own variables, then takes the chief's.
@@ -250,7 +260,7 @@ def _check_cross_tower_ops(cross_tower_ops, variable_placement):
             cross_tower_ops, variable_placement.name))
 
 
-def _gradient_all_reduce(placement, config, loss_reduction):
+def _gradient_all_reduce(placement, config, loss_reduction, tuning):
   """The `CrossTowerOps` that all-reduces REPLICATED towers' gradients.
 
   Across workers (`placement.num_workers > 1`): collective ops on TF's
@@ -259,11 +269,11 @@ def _gradient_all_reduce(placement, config, loss_reduction):
   """
   if placement.num_workers > 1:
     return worker_all_reduce.gradient_all_reduce(placement.num_workers,
-                                                 loss_reduction)
+                                                 loss_reduction, tuning)
   session_config = (config.session_config
                     if isinstance(config, tf1.estimator.RunConfig) else None)
   return all_reduce_ops.choose_the_best(placement.tower_devices,
-                                        session_config)
+                                        session_config, tuning)
 
 
 def _canonical_devices(devices):

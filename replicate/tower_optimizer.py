@@ -348,7 +348,7 @@ class TowerOptimizer(tf1.train.Optimizer):
           return self._apply_replicated(replicated, optimizer, tower_grads,
                                         global_step, name, replication)
         with tf1.name_scope('gradient_aggregation'):
-          summed = self._sum(tower_grads)
+          summed = self._sum(tower_grads, replication.tuning)
         return self._apply(optimizer, summed, global_step, name, replication)
 
     if replication.cloner is None:
@@ -398,12 +398,13 @@ class TowerOptimizer(tf1.train.Optimizer):
       return grad
     return self._compression.decompress(grad, contexts[id(var)])
 
-  def _sum(self, tower_grads):
+  def _sum(self, tower_grads, tuning):
     """Each variable's gradients summed over towers, compressed in transit."""
     if self._compression is None:
-      return gradient_aggregation.sum_gradients_by_variable(tower_grads)
+      return gradient_aggregation.sum_gradients_by_variable(tower_grads,
+                                                            tuning)
     compressed, contexts = self._compressed(tower_grads)
-    summed = gradient_aggregation.sum_gradients_by_variable(compressed)
+    summed = gradient_aggregation.sum_gradients_by_variable(compressed, tuning)
     return [(self._decompressed(grad, contexts, var), var)
             for grad, var in summed]
 

@@ -9,8 +9,8 @@ buckets in the order back-propagation ends the gradients (`buckets`), the
 split of a batch's rows among devices (`row_split`), the reduce-op enum
 (`reduce_util`), argument checks (`checks`), logging through
 `tf.compat.v1.logging` (`logs`), gradient compression (`compression`) and
-the performance knobs (`tuning`: one immutable `Tuning`, changed only
-through `set_tuning` or `tuning_scope`).
+the performance knobs (`tuning`: one immutable `Tuning`, read where a
+build starts and passed down).
 
 May import: `replicate.errors`, `replicate._compat` and nothing else of
 `replicate`.

@@ -22,7 +22,6 @@ gradient is in exactly one bucket, so every byte is all-reduced once.
 import collections
 
 from replicate.core import packing
-from replicate.core import tuning as tuning_lib
 
 _Bucket = collections.namedtuple('_Bucket', ['positions', 'shapes', 'sizes'])
 
@@ -68,13 +67,12 @@ def ready_depths(tensors):
   return [depths[tensor.op] for tensor in tensors]
 
 
-def bucket_bytes(total_bytes, tuning=None):
+def bucket_bytes(total_bytes, tuning):
   """The size a bucket fills to, for `total_bytes` of gradients in all.
 
   `min(all_reduce_bucket_bytes, ceil(total_bytes / all_reduce_min_buckets))`
-  of `tuning` (default: the current `Tuning`), at least 1.
+  of the `Tuning` `tuning`, at least 1.
   """
-  tuning = tuning or tuning_lib.get_tuning()
   share = -(-total_bytes // tuning.all_reduce_min_buckets)
   return max(1, min(tuning.all_reduce_bucket_bytes, share))
 
@@ -125,13 +123,15 @@ class BucketPacker(object):
   `replicate.core.packing`.
   """
 
-  def __init__(self, max_bytes=None):
+  def __init__(self, tuning, max_bytes=None):
     """Builds the packer.
 
     Args:
+      tuning: the `Tuning` whose bucket fields size the buckets.
       max_bytes: the size a bucket fills to; None: `bucket_bytes` of the
-        values' total size under the current `Tuning`.
+        values' total size under `tuning`.
     """
+    self._tuning = tuning
     self._max_bytes = max_bytes
 
   def pack(self, device_grads):
@@ -145,7 +145,7 @@ class BucketPacker(object):
     packing.check_device_grads(device_grads)
     first = [grad for grad, _ in device_grads[0]]
     sizes = [packing.num_bytes(grad) for grad in first]
-    max_bytes = self._max_bytes or bucket_bytes(sum(sizes))
+    max_bytes = self._max_bytes or bucket_bytes(sum(sizes), self._tuning)
     plan = []
     for positions in plan_buckets(sizes, ready_depths(first),
                                   [g.dtype.base_dtype for g in first],

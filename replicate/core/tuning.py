@@ -1,10 +1,12 @@
 """`Tuning`: the library's performance knobs, in one immutable object.
 
-Every size threshold of gradient packing and of the bucketed all-reduce is
-a field here, with its default. The library reads the current `Tuning`
-when it builds a graph; users and benchmarks change it only through
-`set_tuning` or the `tuning_scope` context manager, never by patching module
-globals. Why each default is what it is: docs/performance.md.
+Every size threshold of packing and of the all-reduce's buckets is a field
+here, with its default. A `Tuning` is read once, where a build starts (a
+cross-tower ops object when it is made, `replicate_model_fn`'s towers when
+the wrapped `model_fn` is called), and passed down as an argument from
+there: no algorithm reads it from a global. Where none is given, that start
+takes the calling thread's innermost `tuning_scope`, else the process-wide
+default (`set_tuning`). Why each default is what it is: docs/performance.md.
 """
 import collections
 import contextlib
@@ -84,16 +86,40 @@ def _check_field(name, value):
         'Tuning.{} must be at least {}, got {}.'.format(name, minimum, value))
 
 
-# The default, then the open `tuning_scope`s. Process-wide, not per thread:
-# the replica threads a strategy starts must see the scope of the thread
-# that builds the graph.
-_stack = [Tuning()]
+# The process-wide default (`set_tuning`), and each thread's open
+# `tuning_scope`s: one thread's scopes never apply to another's builds.
+_default = [Tuning()]
 _lock = threading.Lock()
+_scopes = threading.local()
+
+
+def _thread_stack():
+  stack = getattr(_scopes, 'stack', None)
+  if stack is None:
+    stack = _scopes.stack = []
+  return stack
 
 
 def get_tuning():
-  """The `Tuning` in effect: the innermost `tuning_scope`, else the default."""
-  return _stack[-1]
+  """The `Tuning` a build started now by this thread takes.
+
+  The calling thread's innermost `tuning_scope`, else the process-wide
+  default.
+  """
+  stack = _thread_stack()
+  return stack[-1] if stack else _default[0]
+
+
+def resolve(tuning):
+  """`tuning` checked, or `get_tuning()` for None: where a build starts.
+
+  Raises:
+    InvalidTypeError: if `tuning` is neither None nor a `Tuning`.
+  """
+  if tuning is None:
+    return get_tuning()
+  _check_tuning(tuning)
+  return tuning
 
 
 def set_tuning(tuning):
@@ -110,13 +136,13 @@ def set_tuning(tuning):
   """
   _check_tuning(tuning)
   with _lock:
-    previous, _stack[0] = _stack[0], tuning
+    previous, _default[0] = _default[0], tuning
   return previous
 
 
 @contextlib.contextmanager
 def tuning_scope(tuning):
-  """Uses `tuning` for the graphs built inside the block.
+  """Uses `tuning` for the builds this thread starts inside the block.
 
   Args:
     tuning: a `Tuning`.
@@ -129,15 +155,14 @@ def tuning_scope(tuning):
     ContextError: on exit, if scopes were not properly nested.
   """
   _check_tuning(tuning)
-  with _lock:
-    _stack.append(tuning)
-    depth = len(_stack)
+  stack = _thread_stack()
+  stack.append(tuning)
+  depth = len(stack)
   try:
     yield tuning
   finally:
-    with _lock:
-      nested = len(_stack) == depth and _stack[-1] is tuning
-      del _stack[depth - 1:]
+    nested = len(stack) == depth and stack[-1] is tuning
+    del stack[depth - 1:]
     if not nested:
       raise errors.ContextError(
           'tuning_scope blocks were not properly nested: one entered inside '

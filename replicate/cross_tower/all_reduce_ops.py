@@ -42,7 +42,8 @@ class AllReduceCrossTowerOps(BatchAllReduceBase):
   """
 
   def __init__(self, all_reduce_alg='nccl', num_packs=None,
-               agg_small_grads_max_bytes=0, agg_small_grads_max_group=10):
+               agg_small_grads_max_bytes=0, agg_small_grads_max_group=10,
+               tuning=None):
     """Builds the object.
 
     Args:
@@ -52,11 +53,15 @@ class AllReduceCrossTowerOps(BatchAllReduceBase):
         an int >= 0, see the class docstring.
       agg_small_grads_max_bytes: int >= 0, largest tensor (bytes) grouped.
       agg_small_grads_max_group: int >= 1, most tensors in a group.
+      tuning: the `replicate.Tuning` that sizes the buckets (and the packs
+        of values reduced to one device instead); None: the calling
+        thread's current one.
 
     Raises:
       InvalidArgumentError: for an unknown algorithm or a knob out of range.
+      InvalidTypeError: if `tuning` is neither None nor a `Tuning`.
     """
-    super(AllReduceCrossTowerOps, self).__init__()
+    super(AllReduceCrossTowerOps, self).__init__(tuning=tuning)
     try:
       self._algorithm = AllReduceAlgorithm(
           all_reduce_alg.value if isinstance(all_reduce_alg, AllReduceAlgorithm)
@@ -119,12 +124,13 @@ def has_dgx1_like_links(gpu_links):
   return True
 
 
-def choose_for(devices, local_devices):
+def choose_for(devices, local_devices, tuning=None):
   """`choose_the_best` given a description of the local devices.
 
   Args:
     devices: canonical device strings requested.
     local_devices: `(name, device_type, links)` of each local device.
+    tuning: the chosen object's `Tuning` (None: the current one).
 
   Returns:
     A `CrossTowerOps`.
@@ -134,21 +140,21 @@ def choose_for(devices, local_devices):
   if any(device_util.device_type_of(d) != 'GPU' for d in devices):
     logging.info('Not all of %s are GPUs: reducing to one device.',
                  ', '.join(devices))
-    return ReductionToOneDeviceCrossTowerOps()
+    return ReductionToOneDeviceCrossTowerOps(tuning=tuning)
   missing = [d for d in devices if d not in local]
   if missing:
     logging.warning('GPUs %s are not visible to this process: reducing to one '
                     'device instead of all-reducing.', ', '.join(missing))
-    return ReductionToOneDeviceCrossTowerOps()
+    return ReductionToOneDeviceCrossTowerOps(tuning=tuning)
   gpu_links = [local[name][1] for name in sorted(
       (n for n, (kind, _) in local.items() if kind == 'GPU'),
       key=lambda n: tf.compat.v1.DeviceSpec.from_string(n).device_index)]
   if len(devices) == len(gpu_links) and has_dgx1_like_links(gpu_links):
-    return AllReduceCrossTowerOps('hierarchical_copy')
-  return AllReduceCrossTowerOps('nccl')
+    return AllReduceCrossTowerOps('hierarchical_copy', tuning=tuning)
+  return AllReduceCrossTowerOps('nccl', tuning=tuning)
 
 
-def choose_the_best(devices, session_config=None):
+def choose_the_best(devices, session_config=None, tuning=None):
   """The best `CrossTowerOps` for `devices` on this machine.
 
   If every requested device is a GPU visible to this process, all-reduce:
@@ -158,6 +164,8 @@ def choose_the_best(devices, session_config=None):
   Args:
     devices: a device string or a list of them.
     session_config: optional `ConfigProto` used to list the local devices.
+    tuning: the chosen object's `replicate.Tuning`; None: the calling
+      thread's current one.
 
   Returns:
     A `CrossTowerOps`.
@@ -167,5 +175,6 @@ def choose_the_best(devices, session_config=None):
   """
   devices = values_lib.get_devices_from(devices)
   if any(device_util.device_type_of(d) != 'GPU' for d in devices):
-    return choose_for(devices, [])
-  return choose_for(devices, _compat.local_device_attributes(session_config))
+    return choose_for(devices, [], tuning)
+  return choose_for(devices, _compat.local_device_attributes(session_config),
+                    tuning)

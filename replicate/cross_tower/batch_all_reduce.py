@@ -21,7 +21,7 @@ from replicate.cross_tower.cross_tower_base import (
 
 
 def make_packer(num_packs, agg_small_grads_max_bytes,
-                agg_small_grads_max_group):
+                agg_small_grads_max_group, tuning):
   """The packer the knobs ask for, or None (no repacking).
 
   `num_packs=None` (replicate's default) packs in buckets filled in the
@@ -29,10 +29,11 @@ def make_packer(num_packs, agg_small_grads_max_bytes,
   `agg_small_grads_max_bytes` is set: then contrib's default, one pack.
   `num_packs > 0` concatenates and splits into that many packs; else
   `agg_small_grads_max_bytes > 0` groups small tensors; else no packer.
+  Buckets are sized by the `Tuning` `tuning`.
   """
   if num_packs is None:
     if agg_small_grads_max_bytes <= 0:
-      return buckets.BucketPacker()
+      return buckets.BucketPacker(tuning)
     num_packs = 1  # contrib's default, under which agg_small_* is unused.
   if num_packs > 0:
     return packing.ConcatAndSplitPacker(num_packs)
@@ -59,8 +60,9 @@ class BatchAllReduceBase(CrossTowerOps):
   one warning per call that says why.
   """
 
-  def __init__(self):
-    self._fallback = ReductionToOneDeviceCrossTowerOps()
+  def __init__(self, tuning=None):
+    super(BatchAllReduceBase, self).__init__(tuning=tuning)
+    self._fallback = ReductionToOneDeviceCrossTowerOps(tuning=self.tuning)
 
   def _reduce(self, reduce_op, per_device_value, destinations):
     return self._batch_reduce(reduce_op, [(per_device_value, destinations)])[0]
@@ -142,7 +144,7 @@ class BatchAllReduceBase(CrossTowerOps):
 
   def _packer_for(self, tensors):
     packer = make_packer(self._num_packs, self._agg_small_grads_max_bytes,
-                         self._agg_small_grads_max_group)
+                         self._agg_small_grads_max_group, self.tuning)
     if packer is not None and not all(
         t.shape.is_fully_defined() for t in tensors):
       logging.warning(

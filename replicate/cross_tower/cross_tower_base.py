@@ -12,6 +12,7 @@ from replicate import errors
 from replicate._compat import tf1
 from replicate.core import device_util
 from replicate.core import reduce_util
+from replicate.core import tuning as tuning_lib
 from replicate.core.reduce_util import ReduceOp
 from replicate.cross_tower import packed_reduction
 from replicate.cross_tower import values as values_lib
@@ -216,8 +217,27 @@ class CrossTowerOps(object):
   Subclasses implement `_reduce` (and may implement `_batch_reduce` and
   `_broadcast`); they receive a `ReduceOp`, `PerDevice` values whose values
   are all tensors or all `IndexedSlices` of one dtype, and tuples of
-  canonical destination devices.
+  canonical destination devices. The `Tuning` an object packs and buckets
+  with is fixed when it is made (`tuning`).
   """
+
+  def __init__(self, tuning=None):
+    """Builds the object.
+
+    Args:
+      tuning: the `replicate.Tuning` its packs and buckets are sized by;
+        None: the calling thread's current one (`replicate.get_tuning()`).
+
+    Raises:
+      InvalidTypeError: if `tuning` is neither None nor a `Tuning`.
+    """
+    self._tuning = tuning_lib.resolve(tuning)
+
+  @property
+  def tuning(self):
+    """The `replicate.Tuning` this object sizes its packs and buckets by."""
+    # A subclass that does not call this __init__ takes the current one.
+    return getattr(self, '_tuning', None) or tuning_lib.get_tuning()
 
   def reduce(self, aggregation, per_device_value, destinations):
     """Reduces `per_device_value` and places the result on `destinations`.
@@ -330,19 +350,22 @@ class ReductionToOneDeviceCrossTowerOps(CrossTowerOps):
   number of tiny ones), with the same results as reducing them one by one.
   """
 
-  def __init__(self, reduce_to_device=None, accumulation_fn=None):
+  def __init__(self, reduce_to_device=None, accumulation_fn=None,
+               tuning=None):
     """Builds the object.
 
     Args:
       reduce_to_device: the device the reduction runs on; None means the
         first destination device of each reduction.
       accumulation_fn: sums a list of dense tensors; default `tf.add_n`.
+      tuning: as for `CrossTowerOps`.
 
     Raises:
-      InvalidTypeError: if `accumulation_fn` is not callable, or
-        `reduce_to_device` is not a device string.
+      InvalidTypeError: if `accumulation_fn` is not callable, `tuning` is
+        not a `Tuning`, or `reduce_to_device` is not a device string.
       InvalidArgumentError: if `reduce_to_device` cannot be parsed.
     """
+    super(ReductionToOneDeviceCrossTowerOps, self).__init__(tuning=tuning)
     if accumulation_fn is None:
       accumulation_fn = tf.math.add_n
     if not callable(accumulation_fn):
@@ -372,7 +395,7 @@ class ReductionToOneDeviceCrossTowerOps(CrossTowerOps):
         value_destination_pairs,
         lambda tensors, device: reduce_on_device(
             tensors, reduce_op, device, self._accumulation_fn),
-        self._reduce_to_device)
+        self._reduce_to_device, self.tuning)
     return [
         result if result is not None else self._reduce(reduce_op, value,
                                                        destinations)

@@ -310,6 +310,7 @@ class CollectiveAllReduce(cross_tower_base.CrossTowerOps):
       raise errors.InvalidTypeError(
           'collective_keys must be a CollectiveKeys, got {!r}.'.format(
               collective_keys))
+    super(CollectiveAllReduce, self).__init__()
     self._num_workers = num_workers
     self._num_gpus_per_worker = num_gpus_per_worker
     self._merge_scope = all_reduce_merge_scope

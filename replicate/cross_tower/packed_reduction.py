@@ -24,11 +24,11 @@ import collections
 import tensorflow as tf
 
 from replicate.core import packing
-from replicate.core import tuning as tuning_lib
 from replicate.cross_tower import values as values_lib
 
 
-def batch_reduce_packed(value_destination_pairs, reduce_fn, reduce_to_device):
+def batch_reduce_packed(value_destination_pairs, reduce_fn, reduce_to_device,
+                        tuning):
   """Reduces the packable values of a `batch_reduce` in packs.
 
   Args:
@@ -39,13 +39,13 @@ def batch_reduce_packed(value_destination_pairs, reduce_fn, reduce_to_device):
       tensors on `device` (sum or mean) and returns one tensor.
     reduce_to_device: the device sums run on; None for the first
       destination of each pair.
+    tuning: the `Tuning` whose pack fields size the packs.
 
   Returns:
     A list as long as `value_destination_pairs`: a `Mirrored` for each value
     reduced in a pack, None for each value left to the caller (sparse, too
     large, of unknown shape, on one device only, or alone in its group).
   """
-  tuning = tuning_lib.get_tuning()
   groups = collections.OrderedDict()
   for index, (value, destinations) in enumerate(value_destination_pairs):
     key = _group_key(value, destinations,

@@ -12,18 +12,21 @@ from replicate import _compat
 from replicate._compat import tf1
 from replicate.core import buckets
 from replicate.core import packing
+from replicate.core import tuning as tuning_lib
 from replicate.core.reduce_util import ReduceOp
 from replicate.cross_tower import cross_tower_base
 from replicate.cross_tower import multi_worker_ops
 from replicate.cross_tower import values as values_lib
 
 
-def gradient_all_reduce(num_workers, loss_reduction):
+def gradient_all_reduce(num_workers, loss_reduction, tuning=None):
   """The `CrossTowerOps` that all-reduces REPLICATED gradients across tasks.
 
   Args:
     num_workers: how many training tasks all-reduce together (> 1).
     loss_reduction: the replicated model's `tf.compat.v1.losses.Reduction`.
+    tuning: the `Tuning` that sizes the buckets; None: the calling
+      thread's current one.
 
   Returns:
     A `WorkerAllReduce`: with a mean-type loss reduction each task's towers'
@@ -33,7 +36,7 @@ def gradient_all_reduce(num_workers, loss_reduction):
   """
   scale = 1.0 if loss_reduction == tf1.losses.Reduction.SUM else (
       1.0 / num_workers)
-  return WorkerAllReduce(num_workers, scale)
+  return WorkerAllReduce(num_workers, scale, tuning=tuning)
 
 
 class WorkerAllReduce(multi_worker_ops.CollectiveAllReduce):
@@ -52,14 +55,17 @@ class WorkerAllReduce(multi_worker_ops.CollectiveAllReduce):
   meet the other tasks'.
   """
 
-  def __init__(self, num_workers, scale=1.0):
+  def __init__(self, num_workers, scale=1.0, tuning=None):
     """Builds the object.
 
     Args:
       num_workers: int >= 1, how many tasks take part.
       scale: what every sum is multiplied by (1.0: nothing is).
+      tuning: the `Tuning` that sizes the buckets; None: the calling
+        thread's current one.
     """
     super(WorkerAllReduce, self).__init__(num_workers=num_workers)
+    self._tuning = tuning_lib.resolve(tuning)
     self._scale = scale
 
   def _batch_reduce(self, reduce_op, value_destination_pairs):
@@ -76,7 +82,7 @@ class WorkerAllReduce(multi_worker_ops.CollectiveAllReduce):
     plan = buckets.plan_buckets(
         sizes, buckets.ready_depths(first),
         [tensor.dtype.base_dtype for tensor in first],
-        buckets.bucket_bytes(sum(sizes)))
+        buckets.bucket_bytes(sum(sizes), self.tuning))
     results = [None] * len(value_destination_pairs)
     for positions in plan:
       if len(positions) == 1:

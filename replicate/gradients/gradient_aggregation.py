@@ -13,16 +13,17 @@ import tensorflow as tf
 from replicate._compat import tf1
 from replicate.core import logs as logging
 from replicate.core import packing
-from replicate.core import tuning as tuning_lib
 
 
-def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None):
+def sum_gradients_by_variable(tower_grads_and_vars, tuning,
+                              pack_max_bytes=None):
   """Sums the gradients of each variable across towers.
 
   Args:
     tower_grads_and_vars: one list of `(gradient, variable)` pairs per tower,
       as returned by `Optimizer.compute_gradients`. `None` gradients are
       skipped.
+    tuning: the `Tuning` whose pack fields size the packs.
     pack_max_bytes: dense gradients of at most this many bytes, with a fully
       known static shape of rank >= 1 in every tower, are packed per tower
       (grouped by variable device, dtype and shape after dimension 0, at
@@ -36,7 +37,6 @@ def sum_gradients_by_variable(tower_grads_and_vars, pack_max_bytes=None):
     gradients are added with `add_n`; `IndexedSlices` stay sparse: their
     values and indices are concatenated (duplicates are summed when applied).
   """
-  tuning = tuning_lib.get_tuning()
   if pack_max_bytes is None:
     pack_max_bytes = tuning.pack_max_bytes
   grads_by_var = collections.OrderedDict()

@@ -18,6 +18,7 @@ from replicate import errors
 from replicate._compat import tf1
 from replicate.core import device_check
 from replicate.core import device_util
+from replicate.core import tuning as tuning_lib
 from replicate.core.reduce_util import ReduceOp
 from replicate.cross_tower import all_reduce_ops
 from replicate.cross_tower import cross_tower_base
@@ -59,6 +60,8 @@ class MirroredExtended(strategy_extended.StrategyExtended):
     self._replica_build = replica_build
     self._given_cross_tower_ops = cross_tower_ops
     self._chosen_cross_tower_ops = None
+    # Read in the thread that makes the strategy, for the default choice.
+    self._tuning = tuning_lib.get_tuning()
     self._session_config = None
     # id(copy) -> its MirroredVariable. An entry goes when its container
     # does; the container holds its copies, so an id is never stale.
@@ -265,7 +268,8 @@ class MirroredExtended(strategy_extended.StrategyExtended):
       return self._given_cross_tower_ops
     if self._chosen_cross_tower_ops is None:
       self._chosen_cross_tower_ops = all_reduce_ops.choose_the_best(
-          list(self._devices), session_config=self._session_config)
+          list(self._devices), session_config=self._session_config,
+          tuning=self._tuning)
     return self._chosen_cross_tower_ops
 
   def _destinations(self, destinations):

@@ -29,7 +29,8 @@ _PER_TOWER_REQUESTED = 'tower_build is TowerBuild.CALL_PER_TOWER'
 
 
 def build(model_fn, features, labels, mode, params, config, placement,
-          loss_reduction, tower_build, replicated=None, unsplit_features=()):
+          loss_reduction, tower_build, replicated=None, unsplit_features=(),
+          tuning=None):
   """Builds the towers of `model_fn` and returns the merged `EstimatorSpec`.
 
   Args:
@@ -46,6 +47,7 @@ def build(model_fn, features, labels, mode, params, config, placement,
     replicated: under `VariablePlacement.REPLICATED`, a
       `replicated_variables.ReplicatedVariables` for these towers, else None.
     unsplit_features: keys of `features` every tower gets whole.
+    tuning: the `Tuning` of this build (None: the current one).
 
   Returns:
     An `EstimatorSpec`.
@@ -62,7 +64,7 @@ def build(model_fn, features, labels, mode, params, config, placement,
   devices = placement.tower_devices
   num_towers = len(devices)
   replication = tower_context.Replication(graph, num_towers, loss_reduction,
-                                          replicated)
+                                          replicated, tuning)
   choose_parameter_device = placement.choose_parameter_device
   aggregation_device = placement.aggregation_device
 

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from replicate import errors
 from replicate._compat import tf1
+from replicate.core import tuning as tuning_lib
 
 
 class TowerContext(object):
@@ -113,13 +114,16 @@ class Replication(object):
       rule, one of them, and then needs no copying round of its own).
     replicated: under `VariablePlacement.REPLICATED`, the towers' own
       variables (`replicated_variables.ReplicatedVariables`), else None.
+    tuning: the `Tuning` this build packs gradient sums by.
     tower_rows: None where every tower gets `1 / num_towers` of a static
       batch; else each tower's row count (an int64 scalar, see
       batch_split.py), and `batch_size` the batch's.
   """
 
-  def __init__(self, graph, num_towers, loss_reduction, replicated=None):
+  def __init__(self, graph, num_towers, loss_reduction, replicated=None,
+               tuning=None):
     self.graph = graph
+    self.tuning = tuning_lib.resolve(tuning)
     self.num_towers = num_towers
     self.loss_reduction = loss_reduction
     self.replicated = replicated

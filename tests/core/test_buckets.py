@@ -55,15 +55,16 @@ class PlanBucketsTest(parameterized.TestCase, tf.test.TestCase):
 
   def test_bucket_bytes(self):
     mib = 1024 * 1024
+    defaults = replicate.Tuning()
     # Defaults: min(25 MiB, ceil(total / 8)).
-    self.assertEqual(25 * mib, buckets.bucket_bytes(800 * mib))
-    self.assertEqual(10, buckets.bucket_bytes(80))
-    self.assertEqual(11, buckets.bucket_bytes(81))  # ceil(81 / 8)
-    self.assertEqual(1, buckets.bucket_bytes(0))
+    self.assertEqual(25 * mib, buckets.bucket_bytes(800 * mib, defaults))
+    self.assertEqual(10, buckets.bucket_bytes(80, defaults))
+    self.assertEqual(11, buckets.bucket_bytes(81, defaults))  # ceil(81 / 8)
+    self.assertEqual(1, buckets.bucket_bytes(0, defaults))
     self.assertEqual(80, buckets.bucket_bytes(
         80, replicate.Tuning(all_reduce_min_buckets=1)))
-    with replicate.tuning_scope(replicate.Tuning(all_reduce_bucket_bytes=7)):
-      self.assertEqual(7, buckets.bucket_bytes(80))
+    self.assertEqual(7, buckets.bucket_bytes(
+        80, replicate.Tuning(all_reduce_bucket_bytes=7)))
 
   @parameterized.parameters(
       ('all_reduce_bucket_bytes', 0, errors.InvalidArgumentError,
@@ -141,7 +142,7 @@ class BucketPackerTest(tf.test.TestCase):
         arrays.append(values)
         with tf1.device(device):
           device_grads.append([(tf.constant(v), None) for v in values])
-      packer = buckets.BucketPacker(max_bytes=24)
+      packer = buckets.BucketPacker(replicate.Tuning(), max_bytes=24)
       packed, info = packer.pack(device_grads)
       # All ready at once (constants): one bucket per dtype, float32 first.
       self.assertLen(packed[0], 2)
@@ -160,7 +161,7 @@ class BucketPackerTest(tf.test.TestCase):
       unknown = tf1.placeholder(tf.float32, [None])
       with self.assertRaisesRegex(errors.InvalidArgumentError,
                                   'Packing needs fully defined shapes'):
-        buckets.BucketPacker().pack([[(unknown, None)]])
+        buckets.BucketPacker(replicate.Tuning()).pack([[(unknown, None)]])
 
 
 if __name__ == '__main__':

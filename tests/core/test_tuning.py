@@ -79,16 +79,38 @@ class TuningTest(parameterized.TestCase, tf.test.TestCase):
         raise RuntimeError('boom')
     self.assertIs(default, tuning.get_tuning())
 
-  def test_scope_is_seen_by_threads_the_builder_starts(self):
-    # A strategy builds its replicas in threads of its own: they must see
-    # the scope of the thread that builds the graph.
-    seen = []
+  def test_scopes_are_per_thread(self):
+    # A scope open in one thread does not reach a build another thread
+    # starts meanwhile: each build reads its own thread's scope once and
+    # passes it down (a strategy's replica threads get it that way).
     knobs = tuning.Tuning(pack_max_group=5)
+    entered, read = threading.Event(), threading.Event()
+    seen = {}
+
+    def other():
+      with tuning.tuning_scope(knobs):
+        entered.set()
+        read.wait(10)
+        seen['other'] = tuning.get_tuning()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    self.assertTrue(entered.wait(10))
+    seen['main'] = tuning.get_tuning()
+    read.set()
+    thread.join()
+    self.assertIs(knobs, seen['other'])
+    self.assertEqual(tuning.Tuning(), seen['main'])
+
+  def test_resolve_reads_the_scope_or_checks_the_argument(self):
+    knobs = tuning.Tuning(pack_max_group=4)
     with tuning.tuning_scope(knobs):
-      thread = threading.Thread(target=lambda: seen.append(tuning.get_tuning()))
-      thread.start()
-      thread.join()
-    self.assertEqual([knobs], seen)
+      self.assertIs(knobs, tuning.resolve(None))
+      given = tuning.Tuning(pack_max_group=6)
+      self.assertIs(given, tuning.resolve(given))
+    with self.assertRaisesRegex(errors.InvalidTypeError,
+                                r"Expected a replicate.Tuning, got \{'pack"):
+      tuning.resolve({'pack_max_group': 6})
 
   def test_improper_nesting_raises(self):
     first = tuning.tuning_scope(tuning.Tuning(pack_max_group=2))

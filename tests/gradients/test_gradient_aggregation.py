@@ -10,6 +10,8 @@ from replicate._compat import tf1
 from replicate.core import tuning
 from replicate.gradients import gradient_aggregation
 
+_DEFAULTS = tuning.Tuning()
+
 _DEVICES = replicate.testing.virtual_cpu_devices(4)
 
 
@@ -44,9 +46,9 @@ class PackedSumTest(tf.test.TestCase, parameterized.TestCase):
   def test_packed_sums_bit_identical_to_add_n(self, shapes, num_towers):
     with tf.Graph().as_default():
       tower_grads, values, _ = _tower_grads(shapes, num_towers)
-      packed = gradient_aggregation.sum_gradients_by_variable(tower_grads)
+      packed = gradient_aggregation.sum_gradients_by_variable(tower_grads, _DEFAULTS)
       plain = gradient_aggregation.sum_gradients_by_variable(
-          tower_grads, pack_max_bytes=0)
+          tower_grads, _DEFAULTS, pack_max_bytes=0)
       self.assertTrue(any(g.op.type in ('SplitV', 'Split')
                           for g, _ in packed))
       self.assertFalse(any(g.op.type in ('SplitV', 'Split')
@@ -86,9 +88,10 @@ class PackedSumTest(tf.test.TestCase, parameterized.TestCase):
   def test_packs_per_group(self, small_bytes, pack_sizes):
     graph = tf.Graph()
     knobs = tuning.Tuning(pack_small_bytes=small_bytes)
-    with graph.as_default(), tuning.tuning_scope(knobs):
+    with graph.as_default():
       tower_grads, values, _ = _tower_grads([(64, 64), (64,)] * 20, 4)
-      summed = gradient_aggregation.sum_gradients_by_variable(tower_grads)
+      summed = gradient_aggregation.sum_gradients_by_variable(tower_grads,
+                                                              knobs)
       with tf1.Session(
           config=replicate.testing.virtual_cpu_config(4)) as sess:
         sess.run(tf1.global_variables_initializer())
@@ -108,7 +111,7 @@ class PackedSumTest(tf.test.TestCase, parameterized.TestCase):
   def test_placement_pack_on_tower_sum_on_variable_device(self):
     with tf.Graph().as_default():
       tower_grads, _, variables = _tower_grads([(4, 2), (6, 2)], 4)
-      summed = gradient_aggregation.sum_gradients_by_variable(tower_grads)
+      summed = gradient_aggregation.sum_gradients_by_variable(tower_grads, _DEFAULTS)
       self.assertEqual([v.op.name for _, v in summed],
                        [v.op.name for v in variables])
       split = summed[0][0].op
@@ -145,7 +148,7 @@ class PackedSumTest(tf.test.TestCase, parameterized.TestCase):
                    (tf.ones([4, 2]) if t == 0 else None, only_tower0)]
         tower_grads.append(grads)
       summed = dict((v.op.name, g) for g, v in
-                    gradient_aggregation.sum_gradients_by_variable(tower_grads))
+                    gradient_aggregation.sum_gradients_by_variable(tower_grads, _DEFAULTS))
       self.assertEqual(summed['big'].op.type, 'AddN')
       self.assertEqual(summed['scalar'].op.type, 'AddN')
       self.assertIsInstance(summed['emb'], tf.IndexedSlices)
@@ -169,10 +172,10 @@ class PackScalingTest(tf.test.TestCase, parameterized.TestCase):
   def _ops_by_type(self, num_towers, knobs, shapes):
     graph = tf.Graph()
     devices = replicate.testing.virtual_cpu_devices(num_towers)
-    with graph.as_default(), tuning.tuning_scope(knobs):
+    with graph.as_default():
       tower_grads, _, _ = _tower_grads(shapes, num_towers, devices=devices)
       start = len(graph.get_operations())
-      gradient_aggregation.sum_gradients_by_variable(tower_grads)
+      gradient_aggregation.sum_gradients_by_variable(tower_grads, knobs)
       return collections.Counter(
           op.type for op in graph.get_operations()[start:])
 
@@ -198,9 +201,9 @@ class PackScalingTest(tf.test.TestCase, parameterized.TestCase):
     with tf.Graph().as_default():
       tower_grads, values, _ = _tower_grads(shapes, num_towers, seed=3,
                                             devices=devices)
-      packed = gradient_aggregation.sum_gradients_by_variable(tower_grads)
+      packed = gradient_aggregation.sum_gradients_by_variable(tower_grads, _DEFAULTS)
       plain = gradient_aggregation.sum_gradients_by_variable(
-          tower_grads, pack_max_bytes=0)
+          tower_grads, _DEFAULTS, pack_max_bytes=0)
       self.assertEqual(3, len({g.op.name for g, _ in packed}))
       config = replicate.testing.virtual_cpu_config(num_towers)
       rewrite = config.graph_options.rewrite_options
