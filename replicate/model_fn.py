@@ -272,8 +272,8 @@ def _gradient_all_reduce(placement, config, loss_reduction, tuning):
                                                  loss_reduction, tuning)
   session_config = (config.session_config
                     if isinstance(config, tf1.estimator.RunConfig) else None)
-  return all_reduce_ops.choose_the_best(placement.tower_devices,
-                                        session_config, tuning)
+  return all_reduce_ops.best_for(placement.tower_devices, session_config,
+                                 tuning)
 
 
 def _canonical_devices(devices):

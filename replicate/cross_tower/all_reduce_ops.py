@@ -154,7 +154,7 @@ def choose_for(devices, local_devices, tuning=None):
   return AllReduceCrossTowerOps('nccl', tuning=tuning)
 
 
-def choose_the_best(devices, session_config=None, tuning=None):
+def choose_the_best(devices, session_config=None):
   """The best `CrossTowerOps` for `devices` on this machine.
 
   If every requested device is a GPU visible to this process, all-reduce:
@@ -164,14 +164,22 @@ def choose_the_best(devices, session_config=None, tuning=None):
   Args:
     devices: a device string or a list of them.
     session_config: optional `ConfigProto` used to list the local devices.
-    tuning: the chosen object's `replicate.Tuning`; None: the calling
-      thread's current one.
 
   Returns:
     A `CrossTowerOps`.
 
   Raises:
     InvalidArgumentError: for empty or None `devices`.
+  """
+  return best_for(devices, session_config, None)
+
+
+def best_for(devices, session_config, tuning):
+  """`choose_the_best(devices, session_config)`, made with `tuning`.
+
+  Raises:
+    InvalidArgumentError: for empty or None `devices`.
+    InvalidTypeError: if `tuning` is neither None nor a `Tuning`.
   """
   devices = values_lib.get_devices_from(devices)
   if any(device_util.device_type_of(d) != 'GPU' for d in devices):

@@ -267,9 +267,8 @@ class MirroredExtended(strategy_extended.StrategyExtended):
     if self._given_cross_tower_ops is not None:
       return self._given_cross_tower_ops
     if self._chosen_cross_tower_ops is None:
-      self._chosen_cross_tower_ops = all_reduce_ops.choose_the_best(
-          list(self._devices), session_config=self._session_config,
-          tuning=self._tuning)
+      self._chosen_cross_tower_ops = all_reduce_ops.best_for(
+          list(self._devices), self._session_config, self._tuning)
     return self._chosen_cross_tower_ops
 
   def _destinations(self, destinations):
