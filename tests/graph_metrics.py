@@ -2,7 +2,10 @@
 
 Used by the tests of the gradient all-reduce's buckets and, run as a script,
 to print the figures of docs/performance.md ("Overlap of the all-reduce with
-back-propagation"): `python tests/graph_metrics.py`.
+back-propagation"): `python tests/graph_metrics.py`. The GPU graph benchmark
+(benchmarks/gpu_graph_bench.py) imports it too, for the overlap and for the
+bytes crossing devices per step (`bytes_per_link`, tested by
+tests/test_graph_metrics.py).
 
 The method (/work/shared/MEASUREMENTS.md, "Overlap"): depth is the longest
 path from a source, with creation order as a topological order (an input
@@ -35,6 +38,7 @@ def op_depths(graph):
 
 
 def _key(op):
+  """What identifies the collective `op` is a member of."""
   if op.type == 'NcclAllReduce':
     return op.get_attr('shared_name')
   if op.type == 'CollectiveReduce':
@@ -75,15 +79,179 @@ def overlap_report(graph, gradient_bytes):
   Returns:
     A dict: `collectives` (count), `bytes_vs_floor` (all-reduced bytes per
     device over `gradient_bytes`), `overlappable` (the share of all-reduced
-    bytes whose collective is ready before the last one).
+    bytes whose collective is ready before the last one; None without a
+    collective).
   """
   found = collectives(graph)
+  if not found:
+    return {'collectives': 0, 'bytes_vs_floor': 0.0, 'overlappable': None}
   total = sum(c.bytes for c in found)
   last = max(c.ready_depth for c in found)
   early = sum(c.bytes for c in found if c.ready_depth < last)
   return {'collectives': len(found),
           'bytes_vs_floor': float(total) / gradient_bytes,
           'overlappable': float(early) / total}
+
+
+# ----------------------------------------------------------------------------
+# Bytes crossing devices per step (MEASUREMENTS.md, "Bytes per step").
+# ----------------------------------------------------------------------------
+
+HOST_GPU, GPU_GPU, HOST_HOST, RING = ('host<->GPU', 'GPU<->GPU',
+                                      'host<->host', 'NCCL ring')
+LINKS = (HOST_GPU, GPU_GPU, HOST_HOST, RING)
+
+
+def canonical_device(device):
+  """`'/device:TYPE:i'` of a device string, job/replica/task dropped.
+
+  An empty string stays empty (unplaced); a device without an index gets 0.
+  """
+  if not device:
+    return ''
+  spec = tf.DeviceSpec.from_string(device)
+  return '/device:{}:{}'.format(spec.device_type.upper(),
+                                spec.device_index or 0)
+
+
+def train_cone(fetches):
+  """The ops `fetches` (ops or tensors) depend on, inputs and control inputs."""
+  stack = [getattr(f, 'op', f) for f in fetches]
+  seen = set()
+  while stack:
+    op = stack.pop()
+    if op in seen:
+      continue
+    seen.add(op)
+    stack.extend(t.op for t in op.inputs)
+    stack.extend(op.control_inputs)
+  return seen
+
+
+def _is_handle(tensor):
+  """Whether `tensor` is a resource handle or a reference (not data)."""
+  return tensor.dtype == tf.resource or tensor.dtype._is_ref_dtype  # pylint: disable=protected-access
+
+
+def op_devices(graph, default_device='/device:GPU:0'):
+  """`{op: canonical device}` as TF's placer would resolve it, for every op.
+
+  An op reading a resource handle or a reference takes the device of the op
+  that made it (a variable's reads, updates and `Identity` stay with it); an
+  op without a device takes its colocation group's; an op with neither
+  takes `default_device`, the placer's first device of the highest-priority
+  type (GPU:0 on a GPU machine).
+  """
+  return _resolve_devices(graph, default_device)[0]
+
+
+def _resolve_devices(graph, default_device):
+  """`(op_devices(graph, default_device), {ops that took the default})`."""
+  devices = {}
+  defaulted = set()
+  by_name = {op.name: op for op in graph.get_operations()}
+
+  def resolve(op, visiting):
+    if op in devices:
+      return devices[op]
+    if op in visiting:  # A loop's back edge: decide by the op alone.
+      return canonical_device(op.device) or canonical_device(default_device)
+    visiting.add(op)
+    device = ''
+    handles = [t for t in op.inputs if _is_handle(t)]
+    if handles:
+      device = resolve(handles[0].op, visiting)
+    if not device:
+      device = canonical_device(op.device)
+    if not device:
+      for group in op.colocation_groups():
+        other = by_name.get(group.decode()[len('loc:@'):])
+        if other is not None and other is not op:
+          device = resolve(other, visiting)
+          break
+    if not device:
+      device = canonical_device(default_device)
+      defaulted.add(op)
+    devices[op] = device
+    return device
+
+  for op in graph.get_operations():
+    resolve(op, set())
+  return devices, defaulted
+
+
+def _link(source, destination):
+  """The link kind between two canonical devices."""
+  gpus = ('GPU' in source) + ('GPU' in destination)
+  return {2: GPU_GPU, 1: HOST_GPU, 0: HOST_HOST}[gpus]
+
+
+def _tensor_bytes(tensor):
+  """Bytes of `tensor` from its static shape, or None if not fully known."""
+  elements = tensor.shape.num_elements()
+  if elements is None or tensor.dtype == tf.string:
+    return None
+  return elements * tensor.dtype.size
+
+
+def bytes_per_link(fetches, default_device='/device:GPU:0'):
+  """Bytes crossing devices in one run of `fetches`, by link kind.
+
+  For every op in the cone of `fetches`, each input produced on another
+  device counts once per (tensor, destination device): the Send/Recv pairs
+  TF's partitioner inserts. Devices as `op_devices` resolves them. Handles
+  and references move no data. A collective all-reduce (`NcclAllReduce`,
+  `CollectiveReduce[V2]`) of N members moves its data inside the
+  collective, counted as a ring: 2(N-1)/N x the bytes of one member's input
+  per member, i.e. 2(N-1) x those bytes per collective.
+
+  Returns:
+    A dict: bytes per link kind (`LINKS`), `total`, `unknown_tensors` (the
+    crossing tensors whose size is not static, strings included: counted as
+    0 bytes) and `unplaced_ops` (ops of the cone that took
+    `default_device`).
+  """
+  fetches = list(fetches)
+  graph = fetches[0].graph
+  devices, defaulted = _resolve_devices(graph, default_device)
+  cone = train_cone(fetches)
+  result = dict.fromkeys(LINKS, 0)
+  unknown = 0
+  crossed = set()
+  members = collections.defaultdict(list)
+  for op in cone:
+    if op.type in _COLLECTIVE_TYPES:
+      members[_key(op)].append(op)
+    destination = devices[op]
+    for tensor in op.inputs:
+      source = devices[tensor.op]
+      if (source == destination or _is_handle(tensor) or
+          (tensor, destination) in crossed):
+        continue
+      crossed.add((tensor, destination))
+      size = _tensor_bytes(tensor)
+      if size is None:
+        unknown += 1
+      else:
+        result[_link(source, destination)] += size
+  for ops in members.values():
+    size = _tensor_bytes(ops[0].inputs[0])
+    if size is None:
+      unknown += 1
+    else:
+      result[RING] += 2 * (len(ops) - 1) * size
+  result['total'] = sum(result[link] for link in LINKS)
+  result['unknown_tensors'] = unknown
+  result['unplaced_ops'] = len(cone & defaulted)
+  return result
+
+
+def ring_floor(num_devices, gradient_bytes):
+  """Bytes of the ring all-reduce of every gradient: 2(N-1) x P, or None.
+
+  None for one device, where there is nothing to all-reduce.
+  """
+  return 2 * (num_devices - 1) * gradient_bytes if num_devices > 1 else None
 
 
 def mlp_model_fn(widths):
