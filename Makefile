@@ -16,7 +16,7 @@ VENV_TF2 := .venv/tf2
 PYTEST_ARGS ?= -q -p no:cacheprovider
 V1_BEHAVIOR_TESTS := tests/towers/test_model_suite.py tests/towers/test_copy_fidelity.py tests/graph_copy/test_copied_functions.py
 
-.PHONY: demo test test-tf1 test-tf2 test-tf2-v1 lint bench bench-tf2 bench-scale sdist venv-tf1 venv-tf2 clean
+.PHONY: demo test test-tf1 test-tf2 test-tf2-v1 lint bench bench-tf2 bench-scale bench-gpu-graph sdist venv-tf1 venv-tf2 clean
 
 demo: $(VENV_TF1)/.installed
 	$(VENV_TF1)/bin/python examples/digits_demo.py $(DEMO_ARGS)
@@ -64,6 +64,12 @@ bench-tf2: $(VENV_TF2)/.installed
 # run. TF 2.15 rows: add `--python $(VENV_TF2)/bin/python --append`.
 bench-scale: $(VENV_TF1)/.installed
 	$(VENV_TF1)/bin/python benchmarks/scale_bench.py $(SCALE_ARGS)
+
+# GPU towers graph only (issue 34): TF 1.15, then TF 2.15's section beside
+# it; GPU_GRAPH_ARGS='--models resnet50 --towers 1,8,16 --rounds 1' for less.
+bench-gpu-graph: $(VENV_TF1)/.installed $(VENV_TF2)/.installed
+	$(VENV_TF1)/bin/python benchmarks/gpu_graph_bench.py $(GPU_GRAPH_ARGS)
+	$(VENV_TF1)/bin/python benchmarks/gpu_graph_bench.py --python $(VENV_TF2)/bin/python --append $(GPU_GRAPH_ARGS)
 
 venv-tf1: $(VENV_TF1)/.installed
 venv-tf2: $(VENV_TF2)/.installed
