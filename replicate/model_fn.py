@@ -13,6 +13,8 @@ called once, for tower 0, the others copies of it), and merges the towers'
 A graph the Estimator builds for a SavedModel gets the unreplicated model
 instead, which serves on any device (replicate/towers/serving.py).
 """
+import functools
+
 from replicate import errors
 from replicate._compat import building_saved_model
 from replicate._compat import ModeKeys
@@ -23,6 +25,7 @@ from replicate.core import device_check
 from replicate.core import tuning as tuning_lib
 from replicate.cross_tower import all_reduce_ops
 from replicate.cross_tower import cross_tower_base
+from replicate.cross_tower import gradient_all_reduce
 from replicate.cross_tower import worker_all_reduce
 from replicate.towers import batch_split
 from replicate.towers import device_setter
@@ -222,8 +225,11 @@ def replicate_model_fn(model_fn,
           'in a cluster.'.format(cross_tower_ops, placement.num_workers))
     if variable_placement == VariablePlacement.REPLICATED:
       replicated = replicated_variables.ReplicatedVariables(
-          cross_tower_ops or _gradient_all_reduce(placement, config,
-                                                  loss_reduction, build_tuning),
+          functools.partial(
+              gradient_all_reduce.all_reduce_gradients,
+              devices=placement.tower_devices,
+              cross_tower_ops=(cross_tower_ops or _gradient_all_reduce(
+                  placement, config, loss_reduction, build_tuning))),
           placement.tower_devices)
     spec = tower_build_lib.build(model_fn, features, labels, mode, params,
                                  config, placement, loss_reduction,

@@ -14,8 +14,44 @@ import collections
 
 import tensorflow as tf
 
+from replicate import errors
 from replicate._compat import tf1
 from replicate.core import op_kinds
+
+_GATES = (tf1.train.Optimizer.GATE_NONE, tf1.train.Optimizer.GATE_OP,
+          tf1.train.Optimizer.GATE_GRAPH)
+
+
+def check_gate_gradients(kwargs):
+  """Checks the `gate_gradients` of `compute_gradients`' keyword arguments.
+
+  Raises:
+    InvalidArgumentError: if it is not `GATE_NONE`, `GATE_OP` or
+      `GATE_GRAPH`.
+  """
+  gate_gradients = kwargs.get('gate_gradients', tf1.train.Optimizer.GATE_OP)
+  if gate_gradients not in _GATES:
+    raise errors.InvalidArgumentError(
+        'gate_gradients must be TowerOptimizer.GATE_NONE, GATE_OP or '
+        'GATE_GRAPH, got {!r}.'.format(gate_gradients))
+
+
+def gated_gradients(graph, optimizer, loss, var_list, kwargs):
+  """`optimizer.compute_gradients(loss, ...)`, GATE_OP gated per variable.
+
+  With `GATE_OP` (the default, what `minimize` passes) the gradients are
+  computed ungated and each variable's gradient waits for the ops of this
+  computation that read the variable (`gate_by_variable`); `GATE_NONE` and
+  `GATE_GRAPH` are passed through.
+  """
+  if kwargs.get('gate_gradients',
+                tf1.train.Optimizer.GATE_OP) != tf1.train.Optimizer.GATE_OP:
+    return optimizer.compute_gradients(loss, var_list=var_list, **kwargs)
+  kwargs = dict(kwargs, gate_gradients=tf1.train.Optimizer.GATE_NONE)
+  grads_and_vars, gradient_ops = ops_created_by(
+      graph, lambda: optimizer.compute_gradients(
+          loss, var_list=var_list, **kwargs))
+  return gate_by_variable(grads_and_vars, gradient_ops)
 
 
 def ops_created_by(graph, fn):

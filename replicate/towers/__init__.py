@@ -5,7 +5,9 @@ Holds the tower-building loop of every mode (`tower_build`), the batch split
 (`tower_context`), copying tower 0's graph onto the other devices
 (`tower_cloning` decides what and when in TRAIN, `output_copies` in EVAL and
 PREDICT, `tower_copier` adapts `graph_copy` to towers), per-tower loss and
-update views (`tower_collections`), variable and op placement
+update views (`tower_collections`), what `TowerOptimizer` does in a tower
+(`tower_gradients`: scaled, gated gradients; recorded, summed or
+all-reduced, applied once), variable and op placement
 (`device_setter`), merging the towers' EstimatorSpecs (`tower_specs`) and the
 unreplicated graph of a SavedModel export (`serving`). `replicate/model_fn.py`
 and `replicate/tower_optimizer.py` are the public facades.

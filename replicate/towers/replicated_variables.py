@@ -26,13 +26,16 @@ class ReplicatedVariables(object):
   """The per-tower copies of one replicated model's trainable variables.
 
   Attributes:
-    gradient_all_reduce: the `CrossTowerOps` that all-reduces the towers'
-      gradients.
+    all_reduce: `all_reduce(tower_grads_and_vars)` all-reduces the towers'
+      gradients: one list of `(gradient, variable)` pairs per tower in, the
+      same with every gradient summed over the towers (on each tower's
+      device) out (cross_tower/gradient_all_reduce.py, bound to the
+      model's `CrossTowerOps` by `replicate_model_fn`).
     devices: the towers' devices, tower 0's first.
   """
 
-  def __init__(self, gradient_all_reduce, devices):
-    self.gradient_all_reduce = gradient_all_reduce
+  def __init__(self, all_reduce, devices):
+    self.all_reduce = all_reduce
     self.devices = list(devices)
     self._existing = set()  # ids of trainable variables not tower 0's
     self._copies = {}  # tower-0 variable op name -> [variable per tower]

@@ -1,0 +1,218 @@
+"""What `TowerOptimizer` does inside `replicate_model_fn`'s towers.
+
+`compute_gradients`: a tower's loss scaled for the loss reduction, its
+gradients gated per variable (gradient_gating.py). `apply_gradients`: every
+tower records its gradients; one call (tower 0's when the towers are
+copies, else the last tower's) sums them per variable on the variable's
+device, or all-reduces them under `VariablePlacement.REPLICATED`, and
+applies them once, under the scopes of tower 0's call so that slots and ops
+get one device's names. `apply_once` is the wrapped optimizer's
+`apply_gradients` with gradient accumulation, also used outside towers.
+"""
+import collections
+
+import tensorflow as tf
+
+from replicate import errors
+from replicate._compat import tf1
+from replicate.gradients import accumulation
+from replicate.gradients import gradient_aggregation
+from replicate.gradients import gradient_gating
+from replicate.towers import tower_cloning
+from replicate.towers import tower_collections
+
+# What a `TowerOptimizer` was made with that applying needs.
+Settings = collections.namedtuple('Settings',
+                                  ['compression', 'accumulation_steps'])
+
+
+def compute_gradients(replication, optimizer, loss, var_list, kwargs):
+  """One tower's `(gradient, variable)` pairs (N > 1 towers).
+
+  Raises:
+    InvalidArgumentError: for a callable `loss`, or a `gate_gradients` that
+      is not `GATE_NONE`, `GATE_OP` or `GATE_GRAPH`.
+  """
+  if callable(loss):
+    raise errors.InvalidArgumentError(
+        'TowerOptimizer.compute_gradients needs the loss tensor in graph '
+        'mode, got the callable {!r}; pass the tensor instead.'.format(loss))
+  gradient_gating.check_gate_gradients(kwargs)
+  if replication.tower.tower_id == tower_collections.UPDATE_TOWER_ID:
+    return _tower_gradients(replication, optimizer, loss, var_list, kwargs)
+  # The other towers keep their update ops out of the step: neither the
+  # scaled loss nor the gradients may depend on the
+  # `control_dependencies(update_ops)` block models usually put around
+  # `minimize` (see tower_collections.py).
+  with tf1.control_dependencies(None):
+    return _tower_gradients(replication, optimizer, loss, var_list, kwargs)
+
+
+def _tower_gradients(replication, optimizer, loss, var_list, kwargs):
+  if replication.cloner is not None:
+    replication.gradient_losses.append(loss)
+  return gradient_gating.gated_gradients(
+      replication.graph, optimizer, replication.scale_loss(loss), var_list,
+      kwargs)
+
+
+def apply_gradients(replication, optimizer, grads_and_vars, global_step,
+                    name, settings):
+  """A tower's `apply_gradients`: recorded, or the step's one update.
+
+  Raises:
+    InvalidArgumentError: if the towers do not make the same optimizer
+      calls, or a `SyncReplicasOptimizer` is used under `REPLICATED`.
+  """
+  grads_and_vars = list(grads_and_vars)
+  if replication.num_towers == 1:
+    if replication.replicated is None:
+      return apply_once(optimizer, grads_and_vars, global_step, name,
+                        settings, replication.loss_reduction)
+    # One tower of several workers (REPLICATED): all-reduce, then apply.
+    _check_replicable(optimizer)
+    return _apply_replicated(replication, optimizer, [grads_and_vars],
+                             global_step, name, settings)
+  call_index = replication.record_optimizer_call(optimizer.get_name(),
+                                                 grads_and_vars)
+  if replication.cloner is not None:
+    tower_cloning.clone_optimizer_call(replication, call_index)
+  if replication.tower.tower_id != replication.applying_tower_id:
+    gradients = [g for g, _ in grads_and_vars if g is not None]
+    with tf1.control_dependencies(_tensors_of(gradients)):
+      recorded = tf.no_op(name='tower_gradients_recorded')
+    replication.record_returned_op(call_index, recorded)
+    return recorded
+  if replication.tower.tower_id == tower_collections.UPDATE_TOWER_ID:
+    return _apply_sums(replication, optimizer, call_index, global_step, name,
+                       settings)
+  # The last tower applies for every tower, but only tower 0's update ops
+  # may run (see tower_collections.py): instead of what this call is made
+  # under (e.g. `control_dependencies(update_ops)` of the last tower), the
+  # update waits for what tower 0's same call was made under.
+  first_tower_call = replication.returned_op(
+      tower_collections.UPDATE_TOWER_ID, call_index)
+  with tf1.control_dependencies(None), tf1.control_dependencies(
+      [first_tower_call]):
+    return _apply_sums(replication, optimizer, call_index, global_step, name,
+                       settings)
+
+
+def _apply_sums(replication, optimizer, call_index, global_step, name,
+                settings):
+  """Sums every tower's gradients of call `call_index` and applies them.
+
+  Under `VariablePlacement.REPLICATED` the sums are all-reduced onto every
+  tower, and one `apply_gradients` updates every tower's copies.
+  """
+  if replication.replicated is not None:
+    _check_replicable(optimizer)
+  tower_grads = replication.gradients_of_call(call_index)
+
+  def apply():
+    with replication.first_tower_call_scopes(call_index):
+      if replication.replicated is not None:
+        return _apply_replicated(replication, optimizer, tower_grads,
+                                 global_step, name, settings)
+      with tf1.name_scope('gradient_aggregation'):
+        compressed, contexts = _compressed(tower_grads, settings)
+        summed = gradient_aggregation.sum_gradients_by_variable(
+            compressed, replication.tuning)
+        summed = [(_decompressed(grad, contexts, var, settings), var)
+                  for grad, var in summed]
+      return apply_once(optimizer, summed, global_step, name, settings,
+                        replication.loss_reduction)
+
+  if replication.cloner is None:
+    return apply()
+  # Tower 0 applies for copied towers: what it builds here is the one
+  # update of the step, never to be copied (e.g. when a later optimizer
+  # call of tower 0 depends on this one).
+  train_op, created = gradient_gating.ops_created_by(replication.graph, apply)
+  replication.cloner.share(created)
+  return train_op
+
+
+def _apply_replicated(replication, optimizer, tower_grads, global_step, name,
+                      settings):
+  """All-reduces the towers' gradients; applies them to every copy."""
+  replicated = replication.replicated
+  with tf1.name_scope('gradient_all_reduce'):
+    compressed, contexts = _compressed(tower_grads, settings)
+    reduced = replicated.all_reduce(compressed)
+    reduced = [[(_decompressed(grad, contexts, var, settings), var)
+                for grad, var in pairs] for pairs in reduced]
+  replicated.make_slots(optimizer, reduced)
+  train_op = apply_once(optimizer, [pair for pairs in reduced
+                                    for pair in pairs],
+                        global_step, name, settings,
+                        replication.loss_reduction)
+  replicated.adopt_slots(optimizer, reduced)
+  return train_op
+
+
+def _compressed(tower_grads, settings):
+  """`(tower_grads compressed, contexts by variable)`."""
+  contexts = {}
+  if settings.compression is None:
+    return tower_grads, contexts
+  compressed = []
+  for grads_and_vars in tower_grads:
+    pairs = []
+    for grad, var in grads_and_vars:
+      if grad is not None:
+        grad, contexts[id(var)] = settings.compression.compress(grad)
+      pairs.append((grad, var))
+    compressed.append(pairs)
+  return compressed, contexts
+
+
+def _decompressed(grad, contexts, var, settings):
+  if grad is None or settings.compression is None:
+    return grad
+  return settings.compression.decompress(grad, contexts[id(var)])
+
+
+def apply_once(optimizer, grads_and_vars, global_step, name, settings,
+               loss_reduction=None):
+  """`optimizer.apply_gradients`, every `accumulation_steps` runs.
+
+  The accumulated sum is scaled by `1 / accumulation_steps`, except under
+  `loss_reduction=SUM` (the sum over a k-times larger batch is the sum of
+  the sums).
+  """
+  steps = settings.accumulation_steps
+  if steps == 1:
+    return optimizer.apply_gradients(grads_and_vars, global_step=global_step,
+                                     name=name)
+  scale = 1.0 if loss_reduction == tf1.losses.Reduction.SUM else 1.0 / steps
+  return accumulation.apply_accumulated(
+      lambda pairs, step, op_name: optimizer.apply_gradients(
+          pairs, global_step=step, name=op_name),
+      grads_and_vars, steps, scale, global_step, name)
+
+
+def _check_replicable(optimizer):
+  """Raises for optimizers that cannot update per-tower copies.
+
+  Raises:
+    InvalidArgumentError: for a `SyncReplicasOptimizer`, whose shared queues
+      and accumulators need parameter servers.
+  """
+  if isinstance(optimizer, tf1.train.SyncReplicasOptimizer):
+    raise errors.InvalidArgumentError(
+        'variable_placement=REPLICATED all-reduces the gradients itself; a '
+        'SyncReplicasOptimizer ({}) aggregates them on parameter servers. '
+        'Pass its wrapped optimizer to TowerOptimizer, or use '
+        'VariablePlacement.PARAMETER_SERVERS.'.format(optimizer.get_name()))
+
+
+def _tensors_of(gradients):
+  """The tensors a list of gradients consists of (IndexedSlices unpacked)."""
+  tensors = []
+  for grad in gradients:
+    if isinstance(grad, tf.IndexedSlices):
+      tensors.extend([grad.values, grad.indices])
+    else:
+      tensors.append(grad)
+  return tensors
