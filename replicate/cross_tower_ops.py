@@ -16,11 +16,6 @@ are `AllReduceCrossTowerOps` with the algorithm fixed, as in TF.
 A facade: the implementation is in `replicate/cross_tower/`.
 """
 # pylint: disable=g-importing-member,unused-import,invalid-name
-from replicate.cross_tower.all_reduce_ops import AllReduceAlgorithm
-from replicate.cross_tower.all_reduce_ops import AllReduceCrossTowerOps
-from replicate.cross_tower.all_reduce_ops import choose_for
-from replicate.cross_tower.all_reduce_ops import choose_the_best
-from replicate.cross_tower.all_reduce_ops import has_dgx1_like_links
 from replicate.cross_tower.cross_tower_base import CrossTowerOps
 from replicate.cross_tower.cross_tower_base import (
     ReductionToOneDeviceCrossTowerOps,
@@ -29,6 +24,11 @@ from replicate.cross_tower.multi_worker_ops import AllReduceSpecTuple
 from replicate.cross_tower.multi_worker_ops import CollectiveAllReduce
 from replicate.cross_tower.multi_worker_ops import CollectiveKeys
 from replicate.cross_tower.multi_worker_ops import MultiWorkerAllReduce
+from replicate.cross_tower.one_machine import AllReduceAlgorithm
+from replicate.cross_tower.one_machine import AllReduceCrossTowerOps
+from replicate.cross_tower.one_machine import choose_for
+from replicate.cross_tower.one_machine import choose_the_best
+from replicate.cross_tower.one_machine import has_dgx1_like_links
 from replicate.cross_tower.packers import AggregateSmallTensorPacker
 from replicate.cross_tower.packers import ConcatAndSplitPacker
 from replicate.cross_tower.tf_names import check_destinations

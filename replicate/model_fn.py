@@ -19,14 +19,14 @@ from replicate import errors
 from replicate._compat import building_saved_model
 from replicate._compat import ModeKeys
 from replicate._compat import tf1
-from replicate.cluster import all_reduce_training
+from replicate.cluster import chief_broadcast
 from replicate.cluster import placement as cluster_placement
 from replicate.core import device_check
 from replicate.core import tuning as tuning_lib
-from replicate.cross_tower import all_reduce_ops
+from replicate.cross_tower import across_workers
 from replicate.cross_tower import cross_tower_base
-from replicate.cross_tower import gradient_all_reduce
-from replicate.cross_tower import worker_all_reduce
+from replicate.cross_tower import one_machine
+from replicate.cross_tower import replicated_gradients
 from replicate.towers import batch_split
 from replicate.towers import device_setter
 from replicate.towers import replicated_variables
@@ -226,7 +226,7 @@ def replicate_model_fn(model_fn,
     if variable_placement == VariablePlacement.REPLICATED:
       replicated = replicated_variables.ReplicatedVariables(
           functools.partial(
-              gradient_all_reduce.all_reduce_gradients,
+              replicated_gradients.all_reduce_gradients,
               devices=placement.tower_devices,
               cross_tower_ops=(cross_tower_ops or _gradient_all_reduce(
                   placement, config, loss_reduction, build_tuning))),
@@ -238,7 +238,7 @@ def replicate_model_fn(model_fn,
     if (mode == ModeKeys.TRAIN and replicated is not None and
         placement.num_workers > 1):
       # Every task initializes its own variables, then takes the chief's.
-      spec = all_reduce_training.finish_train_spec(spec, config,
+      spec = chief_broadcast.finish_train_spec(spec, config,
                                                    placement.num_workers)
     if mode == ModeKeys.TRAIN and placement.training_hooks:
       spec = spec._replace(training_hooks=(
@@ -274,11 +274,11 @@ def _gradient_all_reduce(placement, config, loss_reduction, tuning):
   hierarchical copy on GPUs, reduction to one device on CPUs).
   """
   if placement.num_workers > 1:
-    return worker_all_reduce.gradient_all_reduce(placement.num_workers,
+    return across_workers.gradient_all_reduce(placement.num_workers,
                                                  loss_reduction, tuning)
   session_config = (config.session_config
                     if isinstance(config, tf1.estimator.RunConfig) else None)
-  return all_reduce_ops.best_for(placement.tower_devices, session_config,
+  return one_machine.best_for(placement.tower_devices, session_config,
                                  tuning)
 
 

@@ -28,7 +28,7 @@ These helpers compute names and protos and build no ops, except
 answer as TensorFlow servers, as `replicate_model_fn`'s `ClusterCheckHook`
 does before a training session is created, and `all_reduce_server`, which
 starts a server. `gradient_all_reduce` (re-exported from
-replicate/cross_tower/worker_all_reduce.py) is the `CrossTowerOps` that
+replicate/cross_tower/across_workers.py) is the `CrossTowerOps` that
 `replicate_model_fn` uses across tasks (packed collectives, averaged over
 tasks).
 """
@@ -37,9 +37,9 @@ tasks).
 
 from replicate import errors
 from replicate._compat import tf1
-from replicate.cluster import all_reduce_config
 from replicate.cluster import cluster_check
-from replicate.cross_tower import worker_all_reduce
+from replicate.cluster import session_configs
+from replicate.cross_tower import across_workers
 
 
 def _check_job(cluster_spec, job):
@@ -237,7 +237,7 @@ def all_reduce_run_config(run_config=None):
     run_config = tf1.estimator.RunConfig()
   cluster_spec = _check_run_config(run_config)
   return run_config.replace(
-      session_config=all_reduce_config.all_reduce_session_config(
+      session_config=session_configs.all_reduce_session_config(
           cluster_spec, run_config.task_type, run_config.task_id or 0,
           run_config.session_config))
 
@@ -277,5 +277,5 @@ def all_reduce_server(run_config):
 
 # The cross-task all-reduce lives with the other reductions; users reach it
 # here, next to the configs it needs.
-gradient_all_reduce = worker_all_reduce.gradient_all_reduce
-WorkerAllReduce = worker_all_reduce.WorkerAllReduce
+gradient_all_reduce = across_workers.gradient_all_reduce
+WorkerAllReduce = across_workers.WorkerAllReduce

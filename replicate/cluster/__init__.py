@@ -3,10 +3,10 @@
 Holds the placement of towers and variables read from the Estimator's
 `RunConfig` / `TF_CONFIG` (`placement`), the start-up check of the
 cluster's tasks (`cluster_check`), and, for `VariablePlacement.REPLICATED`
-without parameter servers, the collective session config
-(`all_reduce_config`) and the TRAIN spec of tasks that all-reduce together
-(`all_reduce_training`; their gradients' `CrossTowerOps` is
-`replicate.cross_tower.worker_all_reduce`).
+without parameter servers, the collective session configs
+(`session_configs`) and the TRAIN spec of tasks that all-reduce together,
+whose variables start from the chief's (`chief_broadcast`; their gradients' `CrossTowerOps` is
+`replicate.cross_tower.across_workers`).
 `replicate/multi_worker.py` is the public facade of the helpers users call.
 
 May import: `replicate.core`, `replicate.towers` (and errors, _compat).

@@ -17,7 +17,7 @@ does for the unreplicated model:
 With `VariablePlacement.REPLICATED` and no `ps` job, every training task
 keeps its own variables on its tower 0's device and the towers of all tasks
 all-reduce their gradients (`Placement.num_workers` tasks; see
-`all_reduce_training`).
+`chief_broadcast`).
 
 This module only reads the Estimator's `RunConfig` (which reads `TF_CONFIG`)
 and decides placement; it builds no ops.
@@ -27,8 +27,8 @@ import numbers
 from replicate import errors
 from replicate._compat import ModeKeys
 from replicate._compat import tf1
-from replicate.cluster import all_reduce_config
 from replicate.cluster import cluster_check
+from replicate.cluster import session_configs
 from replicate.core import device_util
 from replicate.towers import device_setter
 from replicate.towers.device_setter import VariablePlacement
@@ -193,13 +193,13 @@ def placement(config, mode, devices, variable_placement, ps_strategy=None):
       qualified_device(d, task_prefix, cluster_spec) for d in devices]
   aggregation_device = _local_consolidation_device(tower_devices, task_prefix)
   if replicated:
-    num_workers = len(all_reduce_config.training_tasks(cluster_spec))
+    num_workers = len(session_configs.training_tasks(cluster_spec))
     if num_workers > 1:
-      all_reduce_config.check_session_config(config, cluster_spec, task_type,
+      session_configs.check_session_config(config, cluster_spec, task_type,
                                              task_id)
     hooks = [cluster_check.make_hook(
         config, tower_devices,
-        all_reduce_config.training_tasks(cluster_spec))]
+        session_configs.training_tasks(cluster_spec))]
     # Tower 0's device holds the task's own variables; every training task
     # has its own copy, and the towers of all tasks all-reduce gradients.
     return Placement(tower_devices, lambda unused_op: tower_devices[0],

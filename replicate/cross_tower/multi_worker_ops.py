@@ -16,11 +16,11 @@ from replicate import errors
 from replicate.core import device_util
 from replicate.core.checks import check_int
 from replicate.core.reduce_util import ReduceOp
-from replicate.cross_tower import all_reduce
+from replicate.cross_tower import algorithms
 from replicate.cross_tower import cross_tower_base
 from replicate.cross_tower import values as values_lib
-from replicate.cross_tower.batch_all_reduce import BatchAllReduceBase
-from replicate.cross_tower.batch_all_reduce import placed_on
+from replicate.cross_tower.fast_path import BatchAllReduceBase
+from replicate.cross_tower.fast_path import placed_on
 
 # Algorithm names of the all-reduce spec. A "/" means two levels: within a
 # worker, then across workers.
@@ -208,17 +208,17 @@ class MultiWorkerAllReduce(BatchAllReduceBase):
         workers.append(w)
     worker_cpus = ['{}/device:CPU:0'.format(w) for w in workers]
     builders = {
-        'nccl': all_reduce.build_nccl_all_reduce,
-        'nccl/xring': all_reduce.build_nccl_then_ring,
-        'nccl/rechd': all_reduce.build_nccl_then_recursive_hd,
-        'nccl/pscpu': lambda ts: all_reduce.build_nccl_then_shuffle(
+        'nccl': algorithms.build_nccl_all_reduce,
+        'nccl/xring': algorithms.build_nccl_then_ring,
+        'nccl/rechd': algorithms.build_nccl_then_recursive_hd,
+        'nccl/pscpu': lambda ts: algorithms.build_nccl_then_shuffle(
             ts, self._cpus),
-        'xring': all_reduce.build_ring_all_reduce,
-        'pscpu': lambda ts: all_reduce.build_shuffle_all_reduce(
+        'xring': algorithms.build_ring_all_reduce,
+        'pscpu': lambda ts: algorithms.build_shuffle_all_reduce(
             ts, self._cpus),
-        'psgpu': lambda ts: all_reduce.build_shuffle_all_reduce(
+        'psgpu': lambda ts: algorithms.build_shuffle_all_reduce(
             ts, self._gpus),
-        'pscpu/pscpu': lambda ts: all_reduce.build_shuffle_then_shuffle(
+        'pscpu/pscpu': lambda ts: algorithms.build_shuffle_then_shuffle(
             ts, worker_cpus, self._cpus),
     }
     return builders[alg]
@@ -381,7 +381,7 @@ class CollectiveAllReduce(cross_tower_base.CrossTowerOps):
                     instance_key, 'Add', final_op))
             # Fetching any output must run every local member of the
             # collective, or the members that ran would wait forever.
-            reduced = dict(zip(devices, all_reduce.tie_together(members)))
+            reduced = dict(zip(devices, algorithms.tie_together(members)))
           results.append(values_lib.Mirrored({
               d: reduced[d] if d in reduced
               else cross_tower_base.copy_to_device(reduced[devices[0]], d)

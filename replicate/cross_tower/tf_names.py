@@ -9,7 +9,7 @@ default is replicate's buckets (`num_packs=1` is TF's one pack).
 from replicate import errors
 from replicate.core.checks import check_int
 from replicate.cross_tower import values as values_lib
-from replicate.cross_tower.all_reduce_ops import AllReduceCrossTowerOps
+from replicate.cross_tower.one_machine import AllReduceCrossTowerOps
 
 
 class _OneAlgorithmAllReduce(AllReduceCrossTowerOps):

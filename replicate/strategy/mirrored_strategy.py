@@ -20,8 +20,8 @@ from replicate.core import device_check
 from replicate.core import device_util
 from replicate.core import tuning as tuning_lib
 from replicate.core.reduce_util import ReduceOp
-from replicate.cross_tower import all_reduce_ops
 from replicate.cross_tower import cross_tower_base
+from replicate.cross_tower import one_machine
 from replicate.cross_tower import values as values_lib
 from replicate.strategy import default_strategy
 from replicate.strategy import distribute_context
@@ -267,7 +267,7 @@ class MirroredExtended(strategy_extended.StrategyExtended):
     if self._given_cross_tower_ops is not None:
       return self._given_cross_tower_ops
     if self._chosen_cross_tower_ops is None:
-      self._chosen_cross_tower_ops = all_reduce_ops.best_for(
+      self._chosen_cross_tower_ops = one_machine.best_for(
           list(self._devices), self._session_config, self._tuning)
     return self._chosen_cross_tower_ops
 

@@ -29,7 +29,7 @@ class ReplicatedVariables(object):
     all_reduce: `all_reduce(tower_grads_and_vars)` all-reduces the towers'
       gradients: one list of `(gradient, variable)` pairs per tower in, the
       same with every gradient summed over the towers (on each tower's
-      device) out (cross_tower/gradient_all_reduce.py, bound to the
+      device) out (cross_tower/replicated_gradients.py, bound to the
       model's `CrossTowerOps` by `replicate_model_fn`).
     devices: the towers' devices, tower 0's first.
   """

@@ -10,7 +10,7 @@ from replicate import errors
 from replicate import testing
 from replicate._compat import tf1
 from replicate.core import device_util
-from replicate.cross_tower import all_reduce
+from replicate.cross_tower import algorithms
 
 _CPUS = testing.virtual_cpu_devices(4)
 _NUM_GPUS = len(_compat.local_gpu_devices())
@@ -34,15 +34,15 @@ def _run(outputs, num_cpus=4):
 
 def _builders():
   return {
-      'ring': all_reduce.build_ring_all_reduce,
-      'ring_subchunks': lambda ts, **kw: all_reduce.build_ring_all_reduce(
+      'ring': algorithms.build_ring_all_reduce,
+      'ring_subchunks': lambda ts, **kw: algorithms.build_ring_all_reduce(
           ts, num_subchunks=3, **kw),
-      'recursive_hd': all_reduce.build_recursive_hd_all_reduce,
-      'shuffle': lambda ts, **kw: all_reduce.build_shuffle_all_reduce(
+      'recursive_hd': algorithms.build_recursive_hd_all_reduce,
+      'shuffle': lambda ts, **kw: algorithms.build_shuffle_all_reduce(
           ts, _CPUS[:3], **kw),
-      'hierarchical_copy': all_reduce.build_hierarchical_copy_all_reduce,
+      'hierarchical_copy': algorithms.build_hierarchical_copy_all_reduce,
       'hierarchical_copy_offset': lambda ts, **kw: (
-          all_reduce.build_hierarchical_copy_all_reduce(
+          algorithms.build_hierarchical_copy_all_reduce(
               ts, leader_offset=1, **kw)),
   }
 
@@ -87,7 +87,7 @@ class AllReduceBuildersTest(parameterized.TestCase, tf.test.TestCase):
   def test_large_tensor(self):
     with tf.Graph().as_default():
       tensors, arrays = _inputs(_CPUS, (1000, 129), tf.float32)
-      outputs = all_reduce.build_ring_all_reduce(tensors, num_subchunks=2)
+      outputs = algorithms.build_ring_all_reduce(tensors, num_subchunks=2)
       got = _run(outputs)
     for g in got:
       self.assertAllEqual(g, np.sum(arrays, axis=0))
@@ -95,7 +95,7 @@ class AllReduceBuildersTest(parameterized.TestCase, tf.test.TestCase):
   def test_shuffle_gathers_on_gather_devices(self):
     with tf.Graph().as_default() as graph:
       tensors, _ = _inputs(_CPUS[:2], (4,))
-      all_reduce.build_shuffle_all_reduce(tensors, ['/cpu:2', '/cpu:3'])
+      algorithms.build_shuffle_all_reduce(tensors, ['/cpu:2', '/cpu:3'])
       add_devices = {device_util.canonicalize(op.device)
                      for op in graph.get_operations() if op.type == 'AddV2' or
                      op.type == 'Add'}
@@ -113,12 +113,12 @@ class AllReduceBuildersTest(parameterized.TestCase, tf.test.TestCase):
             tensors.append(tf.constant([1., 2., 3.]))
       cpus = ['/job:worker/task:0/device:CPU:0',
               '/job:worker/task:1/device:CPU:0']
-      outputs = all_reduce.build_shuffle_then_shuffle(tensors, cpus, cpus)
+      outputs = algorithms.build_shuffle_then_shuffle(tensors, cpus, cpus)
       self.assertEqual([o.device for o in outputs], [t.device for t in tensors])
       with self.assertRaisesRegex(errors.InvalidArgumentError,
                                   'one first-level gather device per worker: '
                                   '2 workers, 1 devices'):
-        all_reduce.build_shuffle_then_shuffle(tensors, cpus[:1], cpus)
+        algorithms.build_shuffle_then_shuffle(tensors, cpus[:1], cpus)
 
   def test_errors(self):
     with tf.Graph().as_default():
@@ -127,26 +127,26 @@ class AllReduceBuildersTest(parameterized.TestCase, tf.test.TestCase):
       unknown = tf1.placeholder(tf.float32, [None])
       with self.assertRaisesRegex(errors.InvalidArgumentError,
                                   'power-of-two number of devices, got 3'):
-        all_reduce.build_recursive_hd_all_reduce(tensors)
+        algorithms.build_recursive_hd_all_reduce(tensors)
       with self.assertRaisesRegex(errors.InvalidArgumentError,
                                   'needs at least one input tensor'):
-        all_reduce.build_ring_all_reduce([])
+        algorithms.build_ring_all_reduce([])
       with self.assertRaisesRegex(errors.InvalidArgumentError,
                                   'share one shape and dtype; got \\(2,\\) '
                                   'float32 and \\(3,\\) float32'):
-        all_reduce.build_hierarchical_copy_all_reduce(tensors + other)
+        algorithms.build_hierarchical_copy_all_reduce(tensors + other)
       with self.assertRaisesRegex(errors.InvalidArgumentError,
                                   'needs a fully defined shape'):
-        all_reduce.build_ring_all_reduce([unknown, unknown])
+        algorithms.build_ring_all_reduce([unknown, unknown])
       with self.assertRaisesRegex(errors.InvalidArgumentError,
                                   'num_subchunks must be at least 1'):
-        all_reduce.build_ring_all_reduce(tensors, num_subchunks=0)
+        algorithms.build_ring_all_reduce(tensors, num_subchunks=0)
       with self.assertRaisesRegex(errors.InvalidArgumentError,
                                   'needs at least one gather device'):
-        all_reduce.build_shuffle_all_reduce(tensors, [])
+        algorithms.build_shuffle_all_reduce(tensors, [])
       with self.assertRaisesRegex(errors.InvalidArgumentError,
                                   'NCCL all-reduce only sums here'):
-        all_reduce.build_nccl_all_reduce(tensors, red_op=tf.maximum)
+        algorithms.build_nccl_all_reduce(tensors, red_op=tf.maximum)
 
 
 def _gpu_inputs(num_workers, num_gpus):
@@ -167,7 +167,7 @@ class NcclGraphTest(parameterized.TestCase, tf.test.TestCase):
   def test_nccl_one_op_per_device(self):
     with tf.Graph().as_default() as graph:
       tensors = _gpu_inputs(1, 4)
-      outputs = all_reduce.build_nccl_all_reduce(tensors)
+      outputs = algorithms.build_nccl_all_reduce(tensors)
       nccl = self._nccl_ops(graph)
     self.assertLen(nccl, 4)
     self.assertEqual(sorted(op.device for op in nccl),
@@ -180,9 +180,9 @@ class NcclGraphTest(parameterized.TestCase, tf.test.TestCase):
       self.assertEqual(waits_for, set(nccl))
 
   @parameterized.parameters(
-      (lambda ts: all_reduce.build_nccl_then_ring(ts), 'ring'),
-      (lambda ts: all_reduce.build_nccl_then_recursive_hd(ts), 'rechd'),
-      (lambda ts: all_reduce.build_nccl_then_shuffle(
+      (lambda ts: algorithms.build_nccl_then_ring(ts), 'ring'),
+      (lambda ts: algorithms.build_nccl_then_recursive_hd(ts), 'rechd'),
+      (lambda ts: algorithms.build_nccl_then_shuffle(
           ts, ['/job:worker/task:0/cpu:0', '/job:worker/task:1/cpu:0']),
        'shuffle'))
   def test_nccl_hybrids_one_op_per_device(self, build, _):
@@ -199,7 +199,7 @@ class NcclGraphTest(parameterized.TestCase, tf.test.TestCase):
     gpus = _compat.local_gpu_devices()
     with tf.Graph().as_default():
       tensors, arrays = _inputs(gpus, (5, 7), tf.float32)
-      outputs = all_reduce.build_nccl_all_reduce(tensors)
+      outputs = algorithms.build_nccl_all_reduce(tensors)
       with tf1.Session() as sess:
         got = sess.run(outputs)
     for g in got:

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from replicate import testing
 from replicate._compat import tf1
-from replicate.cross_tower import all_reduce
+from replicate.cross_tower import algorithms
 
 _CPUS = testing.virtual_cpu_devices(4)
 _GROUP = 'all_reduce'
@@ -38,10 +38,10 @@ def _arrays(num_devices, shape):
 
 def _ours(name, tensors):
   if name == 'ring':
-    return all_reduce.build_ring_all_reduce(tensors, num_subchunks=2)
+    return algorithms.build_ring_all_reduce(tensors, num_subchunks=2)
   if name == 'recursive_hd':
-    return all_reduce.build_recursive_hd_all_reduce(tensors)
-  return all_reduce.build_shuffle_all_reduce(tensors, _CPUS[:2])
+    return algorithms.build_recursive_hd_all_reduce(tensors)
+  return algorithms.build_shuffle_all_reduce(tensors, _CPUS[:2])
 
 
 def _theirs(name, tensors):

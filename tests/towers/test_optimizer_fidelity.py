@@ -21,7 +21,7 @@ import tensorflow as tf
 
 import replicate
 from replicate._compat import tf1
-from replicate.cross_tower import gradient_all_reduce
+from replicate.cross_tower import replicated_gradients
 
 _NUM_CPUS = 4
 _OPTIMIZERS = {
@@ -171,7 +171,7 @@ class ReplicatedWhileLoopTest(tf.test.TestCase, parameterized.TestCase):
           if tower_id:
             grad_b = tf1.placeholder_with_default(grad_b, shape=None)
         tower_grads.append([(grad_a, a), (grad_b, b)])
-      reduced = gradient_all_reduce.all_reduce_gradients(
+      reduced = replicated_gradients.all_reduce_gradients(
           tower_grads, devices,
           replicate.ReductionToOneDeviceCrossTowerOps())
       with tf1.Session(config=replicate.testing.virtual_cpu_config(2)) as s:

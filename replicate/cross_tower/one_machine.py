@@ -10,12 +10,12 @@ from replicate import errors
 from replicate.core import device_util
 from replicate.core import logs as logging
 from replicate.core.checks import check_int
-from replicate.cross_tower import all_reduce
+from replicate.cross_tower import algorithms
 from replicate.cross_tower import values as values_lib
-from replicate.cross_tower.batch_all_reduce import BatchAllReduceBase
 from replicate.cross_tower.cross_tower_base import (
   ReductionToOneDeviceCrossTowerOps,
 )
+from replicate.cross_tower.fast_path import BatchAllReduceBase
 
 
 class AllReduceAlgorithm(enum.Enum):
@@ -99,8 +99,8 @@ class AllReduceCrossTowerOps(BatchAllReduceBase):
 
   def _all_reduce(self, tensors, index):
     if self._algorithm == AllReduceAlgorithm.NCCL:
-      return all_reduce.build_nccl_all_reduce(tensors)
-    return all_reduce.build_hierarchical_copy_all_reduce(
+      return algorithms.build_nccl_all_reduce(tensors)
+    return algorithms.build_hierarchical_copy_all_reduce(
         tensors, leader_offset=index)
 
 

@@ -39,8 +39,8 @@ import tensorflow as tf
 from replicate import _compat
 from replicate import errors
 from replicate._compat import tf1
-from replicate.cluster import all_reduce_config
 from replicate.cluster import cluster_check
+from replicate.cluster import session_configs
 from replicate.core import logs as logging
 
 # Collective keys of the broadcast: far from those `CollectiveKeys` hands
@@ -68,7 +68,7 @@ def finish_train_spec(spec, config, num_workers):
   """
   cluster_spec = config.cluster_spec
   task = (config.task_type, config.task_id or 0)
-  is_source = task == all_reduce_config.training_tasks(cluster_spec)[0]
+  is_source = task == session_configs.training_tasks(cluster_spec)[0]
   device = '/job:{}/task:{}/device:CPU:0'.format(*task)
   variables = tf1.global_variables()
   scaffold = spec.scaffold or tf1.train.Scaffold()
@@ -117,7 +117,7 @@ class _OneSession(object):
     self._calls += 1
     if self._calls == 1:
       return True
-    others = [t for t in all_reduce_config.training_tasks(self._cluster_spec)
+    others = [t for t in session_configs.training_tasks(self._cluster_spec)
               if t != self._task]
     lost = cluster_check.unreachable_tasks(self._cluster_spec, others)
     message = (
