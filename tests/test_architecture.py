@@ -13,8 +13,7 @@ _PACKAGE = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'replicate')
 
 # What each subpackage may import besides itself (the base modules
-# `replicate.errors`, `replicate._compat` and `replicate._graph_import` are
-# open to all).
+# `replicate.errors` and `replicate._compat` are open to all).
 _ALLOWED = {
     'core': set(),
     'cross_tower': {'core'},
@@ -24,8 +23,7 @@ _ALLOWED = {
     'strategy': {'core', 'cross_tower', 'gradients', 'graph_copy'},
     'cluster': {'core', 'towers'},
 }
-_BASE = {'replicate.errors', 'replicate._compat', 'replicate._graph_import',
-         'replicate.version'}
+_BASE = {'replicate.errors', 'replicate._compat', 'replicate.version'}
 _MAX_LINES = 500
 _MAX_TOP_LEVEL_MODULES = 15
 

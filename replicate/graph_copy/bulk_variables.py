@@ -1,25 +1,20 @@
 """Many variables made with one `tf.import_graph_def`: copies and their slots.
 
 `tf.Variable` builds a variable's ops (handle, initializer, read) one at a
-time through Python. Models copied onto N devices need N-1 copies of every
-variable and of every optimizer slot, and building them that way costs more
-than copying the model. `create_variables` writes the ops of a batch of
+time through Python. `VariablePlacement.REPLICATED` needs N-1 copies of
+every trainable variable and of every optimizer slot; made one at a time
+they cost a fifth of an 8-tower ResNet-50 build each (docs/performance.md,
+"Variables and slots made by import"). `create_variables` writes the ops of a batch of
 variables into one `GraphDef` (the op types, names, attributes and
 devices `tf.Variable` gives them), imports it once and wraps each variable
 from a `VariableDef`. `create_slot_copies` lets an optimizer make the
 primaries' slots itself, then makes the copies' slots in bulk from them
 and enters them where the optimizer looks slots up, so that its
-`apply_gradients` makes none. `assign_all` builds many assignments (a
-sync of copies) by one import.
+`apply_gradients` makes none.
 """
 import collections
-import contextlib
-import gc
-
-import tensorflow as tf
 
 from replicate import _compat
-from replicate import _graph_import
 from replicate._compat import tf1
 
 
@@ -89,9 +84,8 @@ def create_variables(graph, specs):
     protos = []
     for spec, name in zip(specs, names):
       protos.append(_add_variable(graph_def, spec, name, input_map, devices))
-    with tf1.device(lambda op: devices.get(op.name, op.device)), (
-        collector_paused()):
-      _graph_import.import_graph_def(graph_def, input_map=input_map)
+    with tf1.device(lambda op: devices.get(op.name, op.device)):
+      tf1.import_graph_def(graph_def, input_map=input_map, name='')
     variables = []
     for spec, proto in zip(specs, protos):
       variable = _compat.variable_from_def(proto)
@@ -233,78 +227,3 @@ def _copyable(primary, slot):
   return (slot.op.name.find(primary.op.name + '/') >= 0 and
           can_create(slot.initial_value) and
           _compat.save_slice_info(primary) is None)
-
-
-@contextlib.contextmanager
-def collector_paused():
-  """Pauses Python's cyclic garbage collector while copies are imported.
-
-  An import creates a Python `Operation` per copied op, and each batch of new
-  objects would set off a young-generation collection that scans them again
-  (hundreds per 16-tower copy). Paused, they are scanned once, after.
-  """
-  was_enabled = gc.isenabled()
-  gc.disable()
-  try:
-    yield
-  finally:
-    if was_enabled:
-      gc.enable()
-
-
-def assign_all(pairs, name):
-  """One op setting each target variable to its source's value.
-
-  Pairs of resource variables are read and assigned by one import (a read
-  on the source's device, an assign on the target's); other pairs by
-  `assign`, one at a time.
-
-  Args:
-    pairs: `(source, target)` variables of one dtype and shape each.
-    name: the name of the returned op (made unique, as TF does).
-
-  Returns:
-    The op (a `NoOp` depending on every assignment).
-  """
-  graph = tf1.get_default_graph()
-  resource = [(s, t) for s, t in pairs
-              if s.op.type == 'VarHandleOp' and t.op.type == 'VarHandleOp']
-  others = [(s, t) for s, t in pairs
-            if not (s.op.type == 'VarHandleOp' and t.op.type == 'VarHandleOp')]
-  with graph.as_default(), tf1.name_scope(None), (
-      tf1.control_dependencies(None)), tf1.colocate_with(
-          None, ignore_existing=True), tf1.device(None):
-    scope = graph.unique_name(name)
-    graph_def = tf1.GraphDef()
-    graph_def.versions.CopyFrom(graph.graph_def_versions)
-    input_map, devices, assigns = {}, {}, collections.OrderedDict()
-    for index, (source, target) in enumerate(resource):
-      dtype = source.dtype.base_dtype
-      prefix = '{}/{}'.format(scope, index)
-      input_map[prefix + '/_source'] = source.handle
-      input_map[prefix + '/_target'] = target.handle
-      _node(graph_def, prefix + '/read', 'ReadVariableOp',
-            [prefix + '/_source'], dtype=dtype)
-      _node(graph_def, prefix + '/assign', 'AssignVariableOp',
-            [prefix + '/_target', prefix + '/read'], dtype=dtype)
-      devices[prefix + '/read'] = source.device
-      devices[prefix + '/assign'] = target.device
-      assigns.setdefault(target.device, []).append('^' + prefix + '/assign')
-    # One group per device, then one of the groups (as `tf.group`): a
-    # control edge across devices costs a transfer when the op runs.
-    groups = []
-    for index, (device, inputs) in enumerate(assigns.items()):
-      group_name = '{}/group_{}'.format(scope, index)
-      _node(graph_def, group_name, 'NoOp', inputs)
-      devices[group_name] = device
-      groups.append('^' + group_name)
-    _node(graph_def, scope, 'NoOp', groups)
-    with tf1.device(lambda op: devices.get(op.name, op.device)), (
-        collector_paused()):
-      group, = _graph_import.import_graph_def(
-          graph_def, input_map=input_map, return_elements=[scope])
-  if not others:
-    return group
-  with tf1.control_dependencies([group]):
-    return tf.group(*[target.assign(source.read_value(), read_value=False)
-                      for source, target in others], name=name)

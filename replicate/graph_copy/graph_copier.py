@@ -10,7 +10,6 @@ how devices map and which ops every copy shares.
 """
 import tensorflow as tf
 
-from replicate import _graph_import
 from replicate._compat import tf1
 from replicate.core import device_util
 from replicate.core import op_kinds
@@ -276,10 +275,9 @@ class GraphCopier(object):
               copies.get(value.name, value))
         else:
           input_map[prefix + name] = copies.get(value.name, value)
-    with tf1.device(lambda op: devices.get(op.name, op.device)), (
-        bulk_variables.collector_paused()):
-      imported = _graph_import.import_graph_def(
-          graph_def, input_map=input_map, return_elements=returned)
+    with tf1.device(lambda op: devices.get(op.name, op.device)):
+      imported = tf1.import_graph_def(
+          graph_def, input_map=input_map, return_elements=returned, name='')
     self._copied.update(ops)
     position = 0
     for tower_id in range(1, len(self._devices)):

@@ -32,7 +32,7 @@ def apply_gradients_across_replicas(optimizer, grads_and_vars,
   copy of every variable with the sum. All copies are updated by a single
   `apply_gradients` call, so state the optimizer keeps once per step (Adam's
   beta powers, the global step) advances once. Slots are made per copy
-  (the primary's by the optimizer, the others' from it in one import: see
+  (the primary's by the optimizer, the others' from it: see
   graph_copy/bulk_variables.py) and then mirrored like the variables: one
   checkpoint key per slot, named as one device names it, restored into
   every copy.
@@ -124,8 +124,8 @@ def _apply_merged(strategy, grads_and_vars, global_step, name, contexts,
                                                contexts.contexts[index])
       per_copy.append((value, copy))
   with distribute_context.unmirrored_variables():
-    # The primaries' slots made by the optimizer, the other copies' in bulk
-    # from them (grouped per variable by `_mirror_slots` below).
+    # The primaries' slots made by the optimizer, the other copies' from
+    # them (grouped per variable by `_mirror_slots` below).
     variables = [v for _, v in pairs]
     bulk_variables.create_slot_copies(
         optimizer, [v.values[0] for v in variables],

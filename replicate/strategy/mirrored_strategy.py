@@ -27,7 +27,6 @@ from replicate.strategy import default_strategy
 from replicate.strategy import distribute_context
 from replicate.strategy import input_lib
 from replicate.strategy import mirrored_run
-from replicate.strategy import mirrored_values
 from replicate.strategy import replica_loop
 from replicate.strategy import strategy_base
 from replicate.strategy import strategy_extended
@@ -138,17 +137,13 @@ class MirroredExtended(strategy_extended.StrategyExtended):
     with tf1.get_default_graph().colocate_with(None, ignore_existing=True):
       with tf.device(self._devices[0]):
         primary = next_creator(**kwargs)
-      # The other copies in one import; one by one where it cannot be.
-      copies = mirrored_values.create_copies(primary, self._devices[1:],
-                                             kwargs)
-      if copies is None:
-        copies = []
-        for i, device in enumerate(self._devices[1:], 1):
-          with tf.device(device):
-            copy_kwargs = dict(kwargs)
-            copy_kwargs['name'] = '{}/replica_{}/'.format(primary.op.name, i)
-            copy_kwargs['initial_value'] = _initial_value_of(primary)
-            copies.append(next_creator(**copy_kwargs))
+      copies = []
+      for i, device in enumerate(self._devices[1:], 1):
+        with tf.device(device):
+          copy_kwargs = dict(kwargs)
+          copy_kwargs['name'] = '{}/replica_{}/'.format(primary.op.name, i)
+          copy_kwargs['initial_value'] = _initial_value_of(primary)
+          copies.append(next_creator(**copy_kwargs))
     index = dict(zip(self._devices, [primary] + copies))
     make = None
     if kwargs.get('synchronization') == tf.VariableSynchronization.ON_READ:

@@ -20,10 +20,8 @@ import tensorflow as tf
 
 from replicate import _compat
 from replicate import errors
-from replicate._compat import tf1
 from replicate.core import reduce_util
 from replicate.cross_tower import values as values_lib
-from replicate.graph_copy import bulk_variables
 from replicate.strategy import default_strategy
 from replicate.strategy import distribute_context
 
@@ -248,47 +246,6 @@ class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):
   def __repr__(self):
     return '<MirroredVariable {} on {}>'.format(
         self.primary.name, ', '.join(self.devices))
-
-
-def create_copies(primary, devices, kwargs):
-  """A mirrored variable's copies on `devices`, made by one import.
-
-  Each copy is a resource variable named `<primary>/replica_<i>` (i from 1),
-  on its device (the strategy's devices are fully specified: enclosing
-  device scopes change nothing), initialized from the primary's initial value, with the
-  primary's dtype, shape, trainability, synchronization, aggregation and
-  the constraint of `kwargs`, in no collection: what `tf.Variable` with
-  `initial_value=lambda: tf.identity(primary.initial_value)` makes, in one
-  `tf.import_graph_def` (graph_copy/bulk_variables.py). Variable creator
-  scopes below the strategy's do not see the copies.
-
-  Args:
-    primary: the first copy, a resource variable just created.
-    devices: the devices of the other copies, fully specified.
-    kwargs: the arguments the primary was created with.
-
-  Returns:
-    The copies, or None where they must be made one by one: the initial
-    value reads other variables (it is guarded then) or lives in another
-    graph (the primary was lifted out of a function or loop body), its shape
-    is not fully known, or `kwargs` ask for a caching device or no shape
-    check.
-  """
-  if (primary.op.type != 'VarHandleOp' or
-      primary.initial_value.graph is not tf1.get_default_graph() or
-      not bulk_variables.can_copy(primary) or
-      kwargs.get('caching_device') is not None or
-      kwargs.get('validate_shape') is False):
-    return None
-  return bulk_variables.create_variables(tf1.get_default_graph(), [
-      bulk_variables.VariableSpec(
-          name='{}/replica_{}'.format(primary.op.name, i), device=device,
-          initial_value=primary.initial_value, resource=True,
-          trainable=primary.trainable, collections=[], colocate_with=None,
-          wrap_initial_value=True, synchronization=primary.synchronization,
-          aggregation=primary.aggregation,
-          constraint=kwargs.get('constraint'))
-      for i, device in enumerate(devices, 1)])
 
 
 def _convert_to_tensor(var, dtype=None, name=None, as_ref=False):

@@ -15,6 +15,8 @@ all copies, so that per-call state such as Adam's beta powers advances once.
 Non-trainable variables (the global step, moving statistics) stay single,
 as tower 0's.
 """
+import tensorflow as tf
+
 from replicate import errors
 from replicate._compat import tf1
 from replicate.graph_copy import bulk_variables
@@ -85,14 +87,14 @@ class ReplicatedVariables(object):
     return variable if copies is None else copies[tower_id]
 
   def make_slots(self, optimizer, tower_grads_and_vars):
-    """Makes the copies' slots in bulk, before the one `apply_gradients`.
+    """Makes the copies' slots before the one `apply_gradients`.
 
     The optimizer makes tower 0's slots itself (as `apply_gradients` would:
     their names, initial values and checkpoint keys are unchanged); each
-    copy's slot is made from tower 0's by one import
-    (graph_copy/bulk_variables.py), a local variable, set from tower 0's at
-    session start by `adopt_slots`' pairs. An optimizer without the
-    structure this needs makes every slot in `apply_gradients`.
+    copy's slot is made from tower 0's (graph_copy/bulk_variables.py), a local
+    variable, set from tower 0's at session start by `adopt_slots`' pairs.
+    An optimizer without the structure this needs makes every slot in
+    `apply_gradients`.
 
     Args:
       optimizer: the wrapped optimizer about to apply.
@@ -105,7 +107,7 @@ class ReplicatedVariables(object):
         copies.append([pairs[index][1] for pairs in tower_grads_and_vars[1:]
                        if pairs[index][1] is not first])
     bulk_variables.create_slot_copies(optimizer, firsts, copies,
-                                      list(_COPY_COLLECTIONS))
+                                   list(_COPY_COLLECTIONS))
 
   def adopt_slots(self, optimizer, tower_grads_and_vars):
     """Makes the slots `optimizer` created for the copies local copies too.
@@ -154,9 +156,30 @@ class ReplicatedVariables(object):
     """
     if not self._pairs:
       return None
-    # Built by one import (graph_copy/bulk_variables.py): two ops a pair.
-    return _SyncHook(bulk_variables.assign_all(
-        self._pairs, 'replicated_variables_sync/sync'))
+    return _SyncHook(_assign_all(self._pairs,
+                                 'replicated_variables_sync/sync'))
+
+
+def _assign_all(pairs, name):
+  """One op setting each target variable to its source's value.
+
+  Each assignment is placed on its target's device and grouped per device
+  first: a control edge across devices costs a transfer when the op runs.
+  """
+  graph = tf1.get_default_graph()
+  per_device = {}
+  with tf1.name_scope(None), tf1.control_dependencies(None), (
+      graph.colocate_with(None, ignore_existing=True)), tf1.device(None), (
+          tf1.name_scope(name)) as scope:
+    for source, target in pairs:
+      with tf1.device(target.device):
+        per_device.setdefault(target.device, []).append(
+            target.assign(source.value(), read_value=False))
+    groups = []
+    for device, assigns in per_device.items():
+      with tf1.device(device):
+        groups.append(tf.group(*assigns))
+    return tf.group(*groups, name=scope)
 
 
 class _SyncHook(tf1.train.SessionRunHook):

@@ -1,5 +1,8 @@
 """graph_copy/bulk_variables.py: variables and slots made by one import.
 
+(Kept where it pays: docs/performance.md, "Variables and slots made by
+import". The garbage collector is never paused.)
+
 The bulk variables must be what `tf.Variable` makes (op types and names,
 devices, dtype, shape, initial value, collections, trainability), and slots
 made in bulk must leave an optimizer's `apply_gradients` nothing to make,
@@ -8,6 +11,7 @@ Adagrad's accumulator at its initial value) and train as the primary's.
 REPLICATED Estimators, whose copies and slots are made this way, train as
 one device with each of those optimizers.
 """
+import gc
 import tempfile
 from unittest import mock
 
@@ -16,7 +20,6 @@ import numpy as np
 import tensorflow as tf
 
 import replicate
-from replicate import _graph_import
 from replicate._compat import tf1
 from replicate.graph_copy import bulk_variables
 
@@ -97,8 +100,7 @@ class CreateVariablesTest(tf.test.TestCase, parameterized.TestCase):
           aggregation=tf.VariableAggregation.MEAN)
                for i, value in enumerate(values)]
       with mock.patch.object(
-          _graph_import, 'import_graph_def',
-          wraps=_graph_import.import_graph_def) as spy:
+          tf1, 'import_graph_def', wraps=tf1.import_graph_def) as spy:
         made = bulk_variables.create_variables(graph, specs)
       self.assertEqual(1, spy.call_count)
       self.assertEqual(['v{}'.format(i) for i in range(5)],
@@ -127,40 +129,6 @@ class CanCopyTest(tf.test.TestCase):
                                  use_resource=False)
       self.assertTrue(bulk_variables.can_copy(plain))
       self.assertFalse(bulk_variables.can_copy(derived))
-
-
-class AssignAllTest(tf.test.TestCase):
-
-  def test_sets_every_target_from_its_source(self):
-    graph = tf.Graph()
-    with graph.as_default():
-      # Pair i: source [i, -i] on cpu:0, target zeros on cpu:(i % 3); the
-      # last pair is of reference variables (assigned one by one).
-      pairs = []
-      for i in range(4):
-        resource = i < 3
-        with tf1.device('/cpu:0'):
-          source = tf1.get_variable('s{}'.format(i), initializer=[
-              float(i), -float(i)], use_resource=resource)
-        with tf1.device('/cpu:{}'.format(i % _NUM_CPUS)):
-          target = tf1.get_variable('t{}'.format(i), initializer=[0.0, 0.0],
-                                    use_resource=resource)
-        pairs.append((source, target))
-      with mock.patch.object(
-          _graph_import, 'import_graph_def',
-          wraps=_graph_import.import_graph_def) as spy:
-        sync = bulk_variables.assign_all(pairs, 'sync')
-      self.assertEqual(1, spy.call_count)
-      assigns = [op for op in graph.get_operations()
-                 if op.type == 'AssignVariableOp' and
-                 op.name.startswith('sync/')]
-      self.assertEqual(['/device:CPU:0', '/device:CPU:1', '/device:CPU:2'],
-                       [op.device for op in assigns])
-      with _virtual_session(graph) as session:
-        session.run(tf1.global_variables_initializer())
-        session.run(sync)
-        self.assertAllEqual([[i, -i] for i in range(4)],
-                            session.run([t for _, t in pairs]))
 
 
 class SlotCopiesTest(tf.test.TestCase, parameterized.TestCase):
@@ -315,6 +283,29 @@ class ReplicatedEstimatorTest(tf.test.TestCase, parameterized.TestCase):
       self.assertAllClose(one[name], replicated[name], rtol=1e-5, atol=1e-6,
                           msg=name)
     self.assertEqual(3, replicated['global_step'])
+
+  @parameterized.parameters(True, False)
+  def test_build_leaves_the_collector_and_imports_per_batch(self, enabled):
+    # Python's garbage collector is never switched, on or off; the imports
+    # are one per batch, whatever the number of variables: the copies of
+    # the 4 variables, their slots, and the copy round of gradients and
+    # loss (tower_cloning).
+    was_enabled = gc.isenabled()
+    if not enabled:
+      gc.disable()
+    try:
+      with mock.patch.object(
+          tf1, 'import_graph_def', wraps=tf1.import_graph_def) as imports, (
+              mock.patch.object(gc, 'disable', wraps=gc.disable)) as disable:
+        self._train('momentum',
+                    devices=replicate.testing.virtual_cpu_devices(_NUM_CPUS),
+                    variable_placement=replicate.VariablePlacement.REPLICATED)
+      self.assertEqual(enabled, gc.isenabled())
+    finally:
+      if was_enabled:
+        gc.enable()
+    self.assertEqual(0, disable.call_count)
+    self.assertEqual(3, imports.call_count)
 
 
 if __name__ == '__main__':

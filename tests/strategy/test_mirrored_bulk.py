@@ -1,8 +1,8 @@
-"""MirroredStrategy's copies made in bulk (graph_copy/bulk_variables.py).
+"""MirroredStrategy's slot copies (graph_copy/bulk_variables.py) and copies.
 
 The optimizer makes the primary copies' slots, the other copies' slots are
-made by one import from them; `mirrored_values.create_copies` makes a
-mirrored variable's copies by one import. Training must equal one device
+made from them before `apply_gradients`; a mirrored variable's copies are
+made by the variable creators, one by one. Training must equal one device
 with Momentum, Adam, RMSProp (whose `rms` starts at 1) and Adagrad (whose
 accumulator starts at its initial value), checkpoints must hold one
 device's names, and every copy of every slot must stay equal.
@@ -14,11 +14,9 @@ import numpy as np
 import tensorflow as tf
 
 import replicate
-from replicate import _graph_import
 from replicate import testing
 from replicate._compat import tf1
 from replicate.graph_copy import bulk_variables
-from replicate.strategy import mirrored_values
 
 NUM = 4
 DEVICES = testing.virtual_cpu_devices(NUM)
@@ -93,15 +91,20 @@ class MirroredBulkSlotsTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.parameters('momentum', 'adam', 'rmsprop', 'adagrad')
   def test_trains_as_one_device(self, optimizer_name):
     one, _, _ = _train(optimizer_name, 1)
-    with mock.patch.object(bulk_variables, 'create_variables',
-                           wraps=bulk_variables.create_variables) as spy:
+    made = []
+    original = bulk_variables.create_slot_copies
+
+    def create_slot_copies(*args, **kwargs):
+      made.append(original(*args, **kwargs))
+      return made[-1]
+
+    with mock.patch.object(bulk_variables, 'create_slot_copies',
+                           create_slot_copies):
       mirrored, initial_slots, trained_slots = _train(optimizer_name, NUM)
-    # The slots of copies 1..3 of w0 and w1 were made in bulk, in one
-    # import: 3 copies x 2 variables x the optimizer's slots per variable.
-    slot_calls = [len(c[0][1]) for c in spy.call_args_list
-                  if 'replica_' in c[0][1][0].name and
-                  c[0][1][0].colocate_with is not None]
-    self.assertEqual([3 * 2 * _SLOTS[optimizer_name]], slot_calls)
+    # The slots of copies 1..3 of w0 and w1 were made before
+    # apply_gradients: 3 copies x 2 variables x the optimizer's slots per
+    # variable.
+    self.assertEqual([3 * 2 * _SLOTS[optimizer_name]], made)
     # One device's names (slots, Adam's beta powers) and values.
     self.assertEqual(sorted(one), sorted(mirrored))
     for name, value in one.items():
@@ -118,51 +121,36 @@ class MirroredBulkSlotsTest(tf.test.TestCase, parameterized.TestCase):
       self.assertAllEqual(np.ones((3, 4), np.float32), initial_slots[1][1])
 
 
-class CreateCopiesTest(tf.test.TestCase):
+class CopiesTest(tf.test.TestCase):
 
-  def test_copies_as_one_by_one(self):
+  def test_copies_are_made_by_the_creators_without_import(self):
 
     def clip(x):
       return tf.clip_by_value(x, -1.0, 1.0)
 
-    with tf.Graph().as_default() as graph:
-      with tf1.device(DEVICES[0]):
-        primary = tf1.get_variable(
-            'v', initializer=_INITIAL[0], use_resource=True, constraint=clip,
-            aggregation=tf.VariableAggregation.MEAN)
-      kwargs = {'constraint': clip}
-      start = len(graph.get_operations())
+    with tf.Graph().as_default():
+      strategy = replicate.MirroredStrategy(DEVICES)
       with mock.patch.object(
-          _graph_import, 'import_graph_def',
-          wraps=_graph_import.import_graph_def) as spy:
-        copies = mirrored_values.create_copies(primary, DEVICES[1:], kwargs)
-      self.assertEqual(1, spy.call_count)
-      # What a one-by-one copy is made of: handle, initializer identity,
-      # assign, read, is-initialized.
-      self.assertEqual(5 * (NUM - 1), len(graph.get_operations()) - start)
+          tf1, 'import_graph_def', wraps=tf1.import_graph_def) as spy:
+        with strategy.scope():
+          v = tf1.get_variable(
+              'v', initializer=_INITIAL[0], constraint=clip,
+              aggregation=tf.VariableAggregation.MEAN)
+      self.assertEqual(0, spy.call_count)
+      copies = v.values[1:]
       self.assertEqual(['v/replica_1', 'v/replica_2', 'v/replica_3'],
                        [c.op.name for c in copies])
-      self.assertEqual(DEVICES[1:], [c.device for c in copies])
+      self.assertEqual(list(v.devices[1:]), [c.device for c in copies])
       for copy in copies:
         self.assertTrue(copy.trainable)
         self.assertIs(copy.constraint, clip)
         self.assertEqual(tf.VariableAggregation.MEAN, copy.aggregation)
-        self.assertEqual(primary.synchronization, copy.synchronization)
-        self.assertEqual([primary], tf1.global_variables())
+        self.assertEqual(v.values[0].synchronization, copy.synchronization)
+      self.assertEqual([v], tf1.global_variables())
       with tf1.Session(config=CONFIG) as sess:
-        sess.run([primary.initializer] + [c.initializer for c in copies])
+        sess.run(tf1.global_variables_initializer())
         for copy in copies:
           self.assertAllEqual(_INITIAL[0], sess.run(copy))
-
-  def test_initial_value_reading_a_variable_is_left_one_by_one(self):
-    with tf.Graph().as_default():
-      base = tf1.get_variable('base', initializer=[1.0, 2.0],
-                              use_resource=False)
-      primary = tf1.get_variable('v', initializer=base * 2.0,
-                                 use_resource=True)
-      # Its initializer is guarded against an uninitialized `base`.
-      self.assertIsNone(mirrored_values.create_copies(primary, DEVICES[1:],
-                                                      {}))
 
 
 if __name__ == '__main__':

@@ -8,7 +8,6 @@ import numpy as np
 import tensorflow as tf
 
 import replicate
-from replicate import _graph_import
 from replicate import errors
 from replicate._compat import tf1
 from replicate.towers import tower_cloning
@@ -266,12 +265,11 @@ class CloneGraphTest(tf.test.TestCase):
     self.assertLen(spec.loss.op.inputs, 4)
 
   def test_gradients_and_loss_are_copied_in_one_import(self):
-    # Every import has a cost of its own (TF's checks, a whole-graph scan
-    # where TF 1.15's own import is used): the loss the optimizer got is
-    # copied with the gradients.
+    # Every import has a cost of its own (TF's checks, and on TF 1.15 a
+    # scan of the whole graph): the loss the optimizer got is copied with
+    # the gradients.
     with mock.patch.object(
-        _graph_import, 'import_graph_def',
-        wraps=_graph_import.import_graph_def) as imports:
+        tf1, 'import_graph_def', wraps=tf1.import_graph_def) as imports:
       graph, spec = _build(_deep_model_fn, mt.cpus(4))
     self.assertEqual(1, imports.call_count)
     # The spec's loss adds the towers' scaled losses, each scaling the
@@ -289,8 +287,7 @@ class CloneGraphTest(tf.test.TestCase):
       return spec._replace(loss=spec.loss * 2.0)
 
     with mock.patch.object(
-        _graph_import, 'import_graph_def',
-        wraps=_graph_import.import_graph_def) as imports:
+        tf1, 'import_graph_def', wraps=tf1.import_graph_def) as imports:
       graph, spec = _build(model_fn, mt.cpus(2))
     self.assertEqual(2, imports.call_count)
     copied_loss = spec.loss.op.inputs[1]
