@@ -74,6 +74,23 @@ class Tuning(collections.namedtuple('Tuning', list(_FIELDS))):
     """A copy with the given fields changed (validated as in `Tuning()`)."""
     return Tuning(**dict(self._asdict(), **kwargs))
 
+  # Immutable: a copy is the object itself. Pickled by field name, since
+  # `__new__` takes keywords only (what copies of a strategy holding one
+  # need).
+  def __copy__(self):
+    return self
+
+  def __deepcopy__(self, memo):
+    return self
+
+  def __reduce__(self):
+    return (_from_fields, (dict(self._asdict()),))
+
+
+def _from_fields(fields):
+  """`Tuning(**fields)`: what a pickled `Tuning` is rebuilt by."""
+  return Tuning(**fields)
+
 
 def _check_field(name, value):
   if not isinstance(value, int) or isinstance(value, bool):

@@ -1,4 +1,6 @@
 """Tests for `replicate.core.tuning`: one immutable object for every knob."""
+import copy
+import pickle
 import threading
 
 from absl.testing import parameterized
@@ -133,6 +135,16 @@ class TuningTest(parameterized.TestCase, tf.test.TestCase):
     finally:
       self.assertIs(knobs, tuning.set_tuning(previous))
     self.assertIs(previous, tuning.get_tuning())
+
+  def test_copies_and_pickles(self):
+    # A MirroredStrategy holds its Tuning, and deep copies of a strategy
+    # must work (contrib's CopyTest).
+    knobs = tuning.Tuning(pack_max_group=3, all_reduce_min_buckets=2)
+    self.assertIs(knobs, copy.copy(knobs))
+    self.assertIs(knobs, copy.deepcopy({'k': knobs})['k'])
+    restored = pickle.loads(pickle.dumps(knobs))
+    self.assertEqual(knobs, restored)
+    self.assertIsInstance(restored, tuning.Tuning)
 
   def test_only_a_tuning_is_accepted(self):
     with self.assertRaisesRegex(errors.InvalidTypeError,
