@@ -394,7 +394,11 @@ class ForwardWriteTest(tf.test.TestCase, parameterized.TestCase):
           labels, predictions, reduction=tf1.losses.Reduction.SUM))
       first = replicate.TowerOptimizer(tf1.train.GradientDescentOptimizer(1.0))
       second = replicate.TowerOptimizer(tf1.train.AdamOptimizer(1.0))
-      with tf1.control_dependencies([side_effects.assign_add(1.0)]):
+      # Locked: the two towers' writes run at once on two devices, and an
+      # unlocked add to a reference variable (after disable_v2_behavior)
+      # can lose one of them, as per-tower calls could in contrib.
+      with tf1.control_dependencies([side_effects.assign_add(
+          1.0, use_locking=True)]):
         grads_and_vars = first.compute_gradients(loss)
       train_op = tf.group(first.apply_gradients(grads_and_vars),
                           second.minimize(loss))
