@@ -16,6 +16,8 @@ are `AllReduceCrossTowerOps` with the algorithm fixed, as in TF.
 A facade: the implementation is in `replicate/cross_tower/`.
 """
 # pylint: disable=g-importing-member,unused-import,invalid-name
+from replicate.core.packing import AggregateSmallTensorPacker
+from replicate.core.packing import ConcatAndSplitPacker
 from replicate.cross_tower.cross_tower_base import CrossTowerOps
 from replicate.cross_tower.cross_tower_base import (
     ReductionToOneDeviceCrossTowerOps,
@@ -29,8 +31,6 @@ from replicate.cross_tower.one_machine import AllReduceCrossTowerOps
 from replicate.cross_tower.one_machine import choose_for
 from replicate.cross_tower.one_machine import choose_the_best
 from replicate.cross_tower.one_machine import has_dgx1_like_links
-from replicate.cross_tower.packers import AggregateSmallTensorPacker
-from replicate.cross_tower.packers import ConcatAndSplitPacker
 from replicate.cross_tower.tf_names import check_destinations
 from replicate.cross_tower.tf_names import HierarchicalCopyAllReduce
 from replicate.cross_tower.tf_names import NcclAllReduce

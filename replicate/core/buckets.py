@@ -23,8 +23,6 @@ import collections
 
 from replicate.core import packing
 
-_Bucket = collections.namedtuple('_Bucket', ['positions', 'shapes', 'sizes'])
-
 
 def ready_depths(tensors):
   """The depth of each tensor's op: the longest path to it from a source.
@@ -112,15 +110,13 @@ def plan_buckets(sizes, depths, dtypes, max_bytes):
                                              positions[-1]))
 
 
-class BucketPacker(object):
+class BucketPacker(packing.Packer):
   """Packs each device's values into the buckets of `plan_buckets`.
 
   The plan is made from the first device's values (every device holds the
   same values, in the same order); a bucket of one value is that value, a
-  bucket of several is their flat concatenation. `pack(device_grads)`
-  returns `(packed_device_grads, pack_info)` and `unpack(reduced,
-  pack_info)` gives back the original structure, as the other packers of
-  `replicate.core.packing`.
+  bucket of several is their flat concatenation. `pack` and `unpack` are
+  those of `packing.Packer`.
   """
 
   def __init__(self, tuning, max_bytes=None):
@@ -131,56 +127,14 @@ class BucketPacker(object):
       max_bytes: the size a bucket fills to; None: `bucket_bytes` of the
         values' total size under `tuning`.
     """
+    super(BucketPacker, self).__init__()
     self._tuning = tuning
     self._max_bytes = max_bytes
 
-  def pack(self, device_grads):
-    """Packs `device_grads`; returns `(packed_device_grads, pack_info)`.
-
-    Raises:
-      InvalidArgumentError: if devices hold different numbers of gradients,
-        or a shape is not fully defined.
-      InvalidTypeError: if a gradient is an `IndexedSlices`.
-    """
-    packing.check_device_grads(device_grads)
-    first = [grad for grad, _ in device_grads[0]]
-    sizes = [packing.num_bytes(grad) for grad in first]
+  def _plan(self, grads):
+    sizes = [packing.num_bytes(grad) for grad in grads]
     max_bytes = self._max_bytes or bucket_bytes(sum(sizes), self._tuning)
-    plan = []
-    for positions in plan_buckets(sizes, ready_depths(first),
-                                  [g.dtype.base_dtype for g in first],
-                                  max_bytes):
-      plan.append(_Bucket(tuple(positions),
-                          tuple(first[p].shape for p in positions),
-                          tuple(first[p].shape.num_elements()
-                                for p in positions)))
-    packed = []
-    for grads in device_grads:
-      device_packed = []
-      with packing.placed_with(grads[0][0]):
-        for bucket in plan:
-          if len(bucket.positions) == 1:
-            device_packed.append(grads[bucket.positions[0]])
-          else:
-            device_packed.append((packing.concat_flat(
-                [grads[p][0] for p in bucket.positions]), None))
-      packed.append(device_packed)
-    info = packing.PackInfo([[v for _, v in grads] for grads in device_grads],
-                            plan)
-    return packed, info
-
-  def unpack(self, summed_device_grads, pack_info):
-    """Inverts `pack`: `summed_device_grads` has the packed structure."""
-    result = []
-    for packs, device_vars in zip(summed_device_grads, pack_info.device_vars):
-      grads = [None] * len(device_vars)
-      with packing.placed_with(packs[0][0]):
-        for (packed, _), bucket in zip(packs, pack_info.plan):
-          if len(bucket.positions) == 1:
-            grads[bucket.positions[0]] = packed
-          else:
-            for position, grad in zip(bucket.positions, packing.split_back(
-                packed, bucket.shapes, bucket.sizes)):
-              grads[position] = grad
-      result.append(list(zip(grads, device_vars)))
-    return result
+    return [packing.group(grads, positions)
+            for positions in plan_buckets(
+                sizes, ready_depths(grads),
+                [g.dtype.base_dtype for g in grads], max_bytes)]

@@ -2,9 +2,12 @@
 
 A packer works on `device_grads`, a list over devices of lists of
 `(grad, var)` pairs (the same variables, in the same order, on every device).
-`pack(device_grads)` returns `(packed_device_grads, pack_info)`; the caller
-reduces the packed tensors, then `unpack(reduced_device_grads, pack_info)`
-returns the original structure. Nothing is stored between the two calls.
+`pack(device_grads)` returns the packed lists; the caller reduces the packed
+tensors, then `unpack(reduced_device_grads)` returns the original structure.
+As in contrib, the packer keeps its latest plan between the two calls, so a
+reduction makes a packer of its own. Each packer is defined once: contrib's
+two here, the bucket packer in `buckets`; `replicate.cross_tower_ops`
+re-exports contrib's.
 
 The ops a packer adds for a device are colocated with that device's first
 gradient, so they run where the gradients are.
@@ -15,9 +18,11 @@ import tensorflow as tf
 
 from replicate import errors
 
-_Group = collections.namedtuple('_Group', ['positions', 'shapes', 'sizes'])
-# What a packer's `unpack` needs: each device's variables, the pack plan.
-PackInfo = collections.namedtuple('PackInfo', ['device_vars', 'plan'])
+# A pack plan's entry: which gradients, their shapes and sizes (elements),
+# the sizes the concatenation is split into (None: not split) and the
+# variable the pack is paired with.
+_Group = collections.namedtuple(
+    '_Group', ['positions', 'shapes', 'sizes', 'splits', 'var'])
 
 
 def concat_group_key(tensor, device, max_bytes):
@@ -172,17 +177,123 @@ def split_back(flat, shapes, sizes):
           for t, shape in zip(tf.split(flat, sizes, axis=0), shapes)]
 
 
-def _chunk_sizes(total, num_chunks):
-  num_chunks = max(1, min(num_chunks, total))
-  base, extra = divmod(total, num_chunks)
-  return [base + 1] * extra + [base] * (num_chunks - extra)
+def contrib_split_sizes(total, num_packs):
+  """contrib's pack sizes: `num_packs` equal packs, the last takes the rest.
+
+  E.g. 10 elements in 3 packs: [3, 3, 4]. With fewer elements than packs
+  the first packs are empty, as in contrib.
+  """
+  size = total // num_packs
+  return [size] * (num_packs - 1) + [total - size * (num_packs - 1)]
 
 
-class ConcatAndSplitPacker(object):
-  """Concatenates all gradients of a device, then splits into `num_packs`.
+class Packer(object):
+  """`pack(device_grads)` regroups; `unpack(reduced)` inverts the latest pack.
 
-  Gradients of different dtypes are packed separately (one concatenation
-  per dtype, each split into at most `num_packs` packs).
+  The interface of contrib's packers: `pack` keeps on the object the plan
+  that `unpack` needs. A subclass says how the first device's gradients are
+  grouped (`_plan`); every device is packed by that plan. A group of one
+  gradient and no `splits` is passed through as it is; any other group is
+  the flat concatenation of its gradients, split into `splits` if given.
+  """
+
+  def __init__(self):
+    self._packed_from = None
+
+  def _plan(self, grads):
+    """The `_Group`s of the first device's gradients, in packed order."""
+    raise NotImplementedError
+
+  def pack(self, grouped_grads_and_vars):
+    """Packs `[[(grad, var), ...] per device]`; returns the packed list.
+
+    Args:
+      grouped_grads_and_vars: one list of `(grad, var)` pairs per device,
+        the same variables in the same order on every device.
+
+    Raises:
+      InvalidArgumentError: if devices hold different numbers of gradients,
+        or a shape is not fully defined.
+      InvalidTypeError: if a gradient is an `IndexedSlices`.
+    """
+    device_grads = grouped_grads_and_vars
+    check_device_grads(device_grads)
+    plan = self._plan([grad for grad, _ in device_grads[0]])
+    packed = []
+    for grads in device_grads:
+      device_packed = []
+      with placed_with(grads[0][0]):
+        for group in plan:
+          if len(group.positions) == 1 and group.splits is None:
+            device_packed.append(grads[group.positions[0]])
+            continue
+          flat = concat_flat([grads[p][0] for p in group.positions])
+          if group.splits is None:
+            device_packed.append((flat, group.var))
+          else:
+            device_packed.extend(
+                (chunk, group.var)
+                for chunk in tf.split(flat, group.splits, axis=0))
+      packed.append(device_packed)
+    self._packed_from = ([[v for _, v in grads] for grads in device_grads],
+                         plan)
+    return packed
+
+  def unpack(self, summed_device_grad_packs):
+    """Inverts the latest `pack`: gives `[[(grad, var), ...] per device]`.
+
+    Args:
+      summed_device_grad_packs: the packed structure `pack` returned, each
+        tensor replaced by its reduction.
+
+    Raises:
+      ContextError: if `pack` was not called first.
+    """
+    if self._packed_from is None:
+      raise errors.ContextError(
+          '{}.unpack was called before pack; call pack(device_grads) '
+          'first.'.format(type(self).__name__))
+    all_device_vars, plan = self._packed_from
+    result = []
+    for packs, device_vars in zip(summed_device_grad_packs, all_device_vars):
+      grads = [None] * len(device_vars)
+      packs = [grad for grad, _ in packs]
+      with placed_with(packs[0]):
+        offset = 0
+        for group in plan:
+          count = 1 if group.splits is None else len(group.splits)
+          pieces = packs[offset:offset + count]
+          offset += count
+          if len(group.positions) == 1 and group.splits is None:
+            grads[group.positions[0]] = pieces[0]
+            continue
+          flat = pieces[0] if count == 1 else tf.concat(pieces, axis=0)
+          for position, grad in zip(
+              group.positions, split_back(flat, group.shapes, group.sizes)):
+            grads[position] = grad
+      result.append(list(zip(grads, device_vars)))
+    return result
+
+
+def group(grads, positions, splits=None, var=None):
+  """The `_Group` of `grads` at `positions` (see `Packer`)."""
+  chosen = [grads[p] for p in positions]
+  return _Group(tuple(positions), tuple(g.shape for g in chosen),
+                tuple(_num_elements(g) for g in chosen), splits, var)
+
+
+def _check_positive(name, value, fix):
+  if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    raise errors.InvalidArgumentError(
+        '{} must be a positive integer, got {!r}; {}.'.format(
+            name, value, fix))
+
+
+class ConcatAndSplitPacker(Packer):
+  """contrib's packer: concatenate all gradients, split into `num_packs`.
+
+  Each dtype is concatenated on its own (contrib needed one dtype) and split
+  as contrib splits: `num_packs` equal packs, the last taking the rest.
   """
 
   def __init__(self, num_packs=1):
@@ -192,157 +303,80 @@ class ConcatAndSplitPacker(object):
       num_packs: a positive int, how many packs each dtype is split into.
 
     Raises:
-      InvalidArgumentError: if `num_packs` is not a positive int.
+      InvalidArgumentError: if `num_packs` is not a positive int (a
+        ValueError, as in contrib).
     """
-    if (not isinstance(num_packs, int) or isinstance(num_packs, bool) or
-        num_packs < 1):
-      raise errors.InvalidArgumentError(
-          'num_packs must be a positive integer, got {!r}; use 1 to '
-          'concatenate everything into one pack.'.format(num_packs))
+    super(ConcatAndSplitPacker, self).__init__()
+    _check_positive('num_packs', num_packs,
+                    'use 1 to concatenate everything into one pack')
     self.num_packs = num_packs
 
-  def pack(self, device_grads):
-    """Packs `device_grads`; returns `(packed_device_grads, pack_info)`.
-
-    Raises:
-      InvalidArgumentError: if devices hold different numbers of gradients,
-        or a shape is not fully defined.
-      InvalidTypeError: if a gradient is an `IndexedSlices`.
-    """
-    check_device_grads(device_grads)
+  def _plan(self, grads):
     by_dtype = collections.OrderedDict()
-    for position, (grad, _) in enumerate(device_grads[0]):
+    for position, grad in enumerate(grads):
       by_dtype.setdefault(grad.dtype.base_dtype, []).append(position)
     plan = []
     for positions in by_dtype.values():
-      grads = [device_grads[0][p][0] for p in positions]
-      sizes = [_num_elements(g) for g in grads]
-      plan.append((_Group(tuple(positions), tuple(g.shape for g in grads),
-                          tuple(sizes)),
-                   _chunk_sizes(sum(sizes), self.num_packs)))
-    packed = []
-    for grads in device_grads:
-      device_packed = []
-      with placed_with(grads[0][0]):
-        for group, chunk_sizes in plan:
-          flat = concat_flat([grads[p][0] for p in group.positions])
-          device_packed.extend(
-              (chunk, None) for chunk in tf.split(flat, chunk_sizes, axis=0))
-      packed.append(device_packed)
-    info = PackInfo([[v for _, v in grads] for grads in device_grads], plan)
-    return packed, info
-
-  def unpack(self, summed_device_grads, pack_info):
-    """Inverts `pack`: `summed_device_grads` has the packed structure."""
-    result = []
-    for packs, device_vars in zip(summed_device_grads, pack_info.device_vars):
-      grads = [None] * len(device_vars)
-      offset = 0
-      with placed_with(packs[0][0]):
-        for group, chunk_sizes in pack_info.plan:
-          chunks = [g for g, _ in packs[offset:offset + len(chunk_sizes)]]
-          offset += len(chunk_sizes)
-          flat = chunks[0] if len(chunks) == 1 else tf.concat(chunks, axis=0)
-          for position, grad in zip(
-              group.positions, split_back(flat, group.shapes, group.sizes)):
-            grads[position] = grad
-      result.append(list(zip(grads, device_vars)))
-    return result
+      total = sum(_num_elements(grads[p]) for p in positions)
+      plan.append(group(grads, positions,
+                        splits=contrib_split_sizes(total, self.num_packs)))
+    return plan
 
 
-class AggregateSmallTensorPacker(object):
-  """Concatenates runs of small gradients; large ones are left alone.
+# The variable contrib pairs with a pack of small gradients.
+_PACK_VAR_PLACEHOLDER = 'packing_var_placeholder'
 
-  Consecutive gradients of one dtype, each at most
-  `agg_small_grads_max_bytes` bytes, are concatenated in groups of at most
-  `agg_small_grads_max_group`.
+
+class AggregateSmallTensorPacker(Packer):
+  """contrib's packer: concatenate runs of small float32 gradients.
+
+  As in contrib: a gradient is small when it is float32 and at most
+  `agg_small_grads_max_bytes`; runs of consecutive small gradients grow
+  while the run spans at most `agg_small_grads_max_group` positions (so a
+  run holds up to `agg_small_grads_max_group + 2` of them); each run of two
+  or more becomes one pack, paired with 'packing_var_placeholder'. The packs
+  come first, then every other gradient in its order.
   """
 
-  def __init__(self, agg_small_grads_max_bytes=0, agg_small_grads_max_group=10):
+  def __init__(self, agg_small_grads_max_bytes=1048576,
+               agg_small_grads_max_group=16):
     """Builds the packer.
 
     Args:
-      agg_small_grads_max_bytes: a positive int, the largest size (bytes) of
-        a gradient that is grouped.
-      agg_small_grads_max_group: a positive int, the most gradients in a
-        group.
+      agg_small_grads_max_bytes: a positive int, the largest gradient
+        (bytes) that is grouped.
+      agg_small_grads_max_group: a positive int, bounds a run's span.
 
     Raises:
-      InvalidArgumentError: if either is not a positive int.
+      InvalidArgumentError: if either is not a positive int (a ValueError,
+        as in contrib).
     """
-    knobs = (('agg_small_grads_max_bytes', agg_small_grads_max_bytes),
-             ('agg_small_grads_max_group', agg_small_grads_max_group))
-    for name, value in knobs:
-      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise errors.InvalidArgumentError(
-            '{} must be a positive integer, got {!r}.'.format(name, value))
+    super(AggregateSmallTensorPacker, self).__init__()
+    _check_positive('agg_small_grads_max_bytes', agg_small_grads_max_bytes,
+                    'pass the largest gradient size (bytes) to group')
+    _check_positive('agg_small_grads_max_group', agg_small_grads_max_group,
+                    'pass the most gradients to group')
     self.agg_small_grads_max_bytes = agg_small_grads_max_bytes
     self.agg_small_grads_max_group = agg_small_grads_max_group
 
   def _plan(self, grads):
-    """A list of position tuples: one per packed tensor, in order."""
-    plan, run = [], []
-    for position, grad in enumerate(grads):
-      small = (_num_elements(grad) * grad.dtype.size <=
-               self.agg_small_grads_max_bytes)
-      if run and (not small or len(run) == self.agg_small_grads_max_group or
-                  grads[run[0]].dtype != grad.dtype):
-        plan.append(tuple(run))
-        run = []
-      if small:
+    small = [p for p, g in enumerate(grads)
+             if g.dtype == tf.float32 and
+             4 * _num_elements(g) <= self.agg_small_grads_max_bytes]
+    runs = []
+    for position in small:
+      run = runs[-1] if runs else None
+      if (run and position == run[-1] + 1 and
+          run[-1] - run[0] <= self.agg_small_grads_max_group):
         run.append(position)
       else:
-        plan.append((position,))
-    if run:
-      plan.append(tuple(run))
+        runs.append([position])
+    runs = [run for run in runs if len(run) > 1]
+    packed = set(p for run in runs for p in run)
+    plan = [group(grads, run, var=_PACK_VAR_PLACEHOLDER) for run in runs]
+    plan.extend(group(grads, [p]) for p in range(len(grads))
+                if p not in packed)
     return plan
-
-  def pack(self, device_grads):
-    """Packs `device_grads`; returns `(packed_device_grads, pack_info)`.
-
-    Raises:
-      InvalidArgumentError: if devices hold different numbers of gradients,
-        or a shape is not fully defined.
-      InvalidTypeError: if a gradient is an `IndexedSlices`.
-    """
-    check_device_grads(device_grads)
-    first = [g for g, _ in device_grads[0]]
-    plan = []
-    for positions in self._plan(first):
-      grads = [first[p] for p in positions]
-      plan.append(_Group(positions, tuple(g.shape for g in grads),
-                         tuple(_num_elements(g) for g in grads)))
-    packed = []
-    for grads in device_grads:
-      device_packed = []
-      with placed_with(grads[0][0]):
-        for group in plan:
-          if len(group.positions) == 1:
-            position = group.positions[0]
-            device_packed.append(grads[position])
-          else:
-            device_packed.append(
-                (concat_flat([grads[p][0] for p in group.positions]), None))
-      packed.append(device_packed)
-    info = PackInfo([[v for _, v in grads] for grads in device_grads], plan)
-    return packed, info
-
-  def unpack(self, summed_device_grads, pack_info):
-    """Inverts `pack`: `summed_device_grads` has the packed structure."""
-    result = []
-    for packs, device_vars in zip(summed_device_grads, pack_info.device_vars):
-      grads = [None] * len(device_vars)
-      with placed_with(packs[0][0]):
-        for (packed, _), group in zip(packs, pack_info.plan):
-          if len(group.positions) == 1:
-            grads[group.positions[0]] = packed
-          else:
-            for position, grad in zip(
-                group.positions,
-                split_back(packed, group.shapes, group.sizes)):
-              grads[position] = grad
-      result.append(list(zip(grads, device_vars)))
-    return result
 
 
 def placed_with(tensor):

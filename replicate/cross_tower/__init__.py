@@ -9,8 +9,8 @@ all-reduce within one machine and `choose_the_best` (`one_machine`) and
 across workers (`multi_worker_ops`; `across_workers`: the Estimator tasks'
 bucketed collectives), the all-reduce of towers that own their variables
 (`replicated_gradients`),
-contrib's packer classes (`packers`) and TF 1.14/1.15's class names
-(`tf_names`). Algorithms are plain functions over per-device lists; the
+and TF 1.14/1.15's class names (`tf_names`). The packers are
+`replicate.core.packing`'s. Algorithms are plain functions over per-device lists; the
 classes decide placement. `replicate/cross_tower_ops.py` is the public
 facade.
 

@@ -127,13 +127,13 @@ class BatchAllReduceBase(CrossTowerOps):
     device_grads = [[(t, None) for t in ts] for ts in tensors]
     packer = self._packer_for(tensors[0])
     if packer is not None:
-      device_grads, info = packer.pack(device_grads)
+      device_grads = packer.pack(device_grads)
     per_value = list(zip(*[[g for g, _ in grads] for grads in device_grads]))
     reduced = [self._all_reduce(list(ts), i) for i, ts in enumerate(per_value)]
     reduced_grads = [[(r[k], None) for r in reduced]
                      for k in range(len(devices))]
     if packer is not None:
-      reduced_grads = packer.unpack(reduced_grads, info)
+      reduced_grads = packer.unpack(reduced_grads)
     result = []
     for grads in reduced_grads:
       if reduce_op == ReduceOp.MEAN:

@@ -143,12 +143,13 @@ class BucketPackerTest(tf.test.TestCase):
         with tf1.device(device):
           device_grads.append([(tf.constant(v), None) for v in values])
       packer = buckets.BucketPacker(replicate.Tuning(), max_bytes=24)
-      packed, info = packer.pack(device_grads)
-      # All ready at once (constants): one bucket per dtype, float32 first.
-      self.assertLen(packed[0], 2)
-      self.assertEqual([(0, 1, 3), (2, 4)],
-                       [bucket.positions for bucket in info.plan])
-      unpacked = packer.unpack(packed, info)
+      packed = packer.pack(device_grads)
+      # All ready at once (constants): one bucket per dtype, float32 first:
+      # 6 + 3 + 2 = 11 float32 elements, then 4 + 5 = 9 float64.
+      self.assertEqual([(11, tf.float32), (9, tf.float64)],
+                       [(t.shape.num_elements(), t.dtype)
+                        for t, _ in packed[0]])
+      unpacked = packer.unpack(packed)
       with tf1.Session(config=replicate.testing.virtual_cpu_config(2)) as s:
         got = s.run([[g for g, _ in grads] for grads in unpacked])
     for d in range(2):

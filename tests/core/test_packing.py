@@ -39,28 +39,28 @@ class PackingTest(parameterized.TestCase, tf.test.TestCase):
       ('concat_1', lambda: packing.ConcatAndSplitPacker(1), 2),
       # float32 group split in 3, the float64 group (10 elements) in 3.
       ('concat_3', lambda: packing.ConcatAndSplitPacker(3), 6),
-      # float32: 1212 elements in 1000 packs; float64: 10 elements, fewer
-      # than 1000, so one pack per element: 1000 + 10.
-      ('concat_many', lambda: packing.ConcatAndSplitPacker(1000), 1010),
-      # <= 40 bytes: scalar, (3,) grouped; (2,5) float64 is 80 bytes alone;
-      # (7,) alone (28 bytes, but the next is large); (40,30) alone; (1,).
+      # As contrib: each dtype in 1000 packs, float64's 10 elements in 999
+      # empty packs and a last one of 10: 1000 + 1000.
+      ('concat_many', lambda: packing.ConcatAndSplitPacker(1000), 2000),
+      # Small: float32 of <= 40 bytes, positions 0, 1, 3, 5. One run of two
+      # ([0, 1]); 3 and 5 are runs of one, left alone: 1 pack + 4 others.
       ('small_40', lambda: packing.AggregateSmallTensorPacker(40, 10), 5),
-      # Everything small; runs break at dtype changes and at 2 tensors:
-      # [scalar, (3,)], [(2,5) f64], [(7,), (40,30)], [(1,)].
-      ('small_group2', lambda: packing.AggregateSmallTensorPacker(10**6, 2), 4),
+      # Every float32 is small: runs [0, 1] and [3, 4, 5] (the float64 at 2
+      # breaks them): 2 packs + the float64.
+      ('small_group2', lambda: packing.AggregateSmallTensorPacker(10**6, 2), 3),
   )
   def test_round_trip_exact(self, make_packer, num_packed):
     with tf.Graph().as_default():
       device_grads, arrays, variables = _device_grads()
       packer = make_packer()
-      packed, info = packer.pack(device_grads)
+      packed = packer.pack(device_grads)
       self.assertLen(packed, len(_DEVICES))
       for device, device_packed in zip(_DEVICES, packed):
         self.assertLen(device_packed, num_packed)
         for t, _ in device_packed:
           self.assertEqual(device_util.canonicalize(t.device),
                            device_util.canonicalize(device))
-      unpacked = packer.unpack(packed, info)
+      unpacked = packer.unpack(packed)
       for grads in unpacked:
         self.assertEqual([v for _, v in grads], variables)
         for (g, _), (shape, dtype) in zip(grads, _GRADS):
@@ -72,14 +72,62 @@ class PackingTest(parameterized.TestCase, tf.test.TestCase):
       for g, w in zip(got_device, want_device):
         self.assertAllEqual(g, w)  # exact round trip
 
-  def test_concat_pack_sizes(self):
+  def test_concat_pack_sizes_are_contribs(self):
     with tf.Graph().as_default():
       device_grads, _, _ = _device_grads()
-      packed, _ = packing.ConcatAndSplitPacker(2).pack(device_grads)
-      # float32: 1 + 3 + 7 + 1200 + 1 = 1212 elements -> 606 + 606;
-      # float64: 10 elements -> 5 + 5.
+      packed = packing.ConcatAndSplitPacker(3).pack(device_grads)
+      # float32: 1 + 3 + 7 + 1200 + 1 = 1212 elements -> 404 x 3;
+      # float64: 10 elements -> 3, 3 and the rest, 4, in the last pack.
       self.assertEqual([t.shape.as_list() for t, _ in packed[0]],
-                       [[606], [606], [5], [5]])
+                       [[404], [404], [404], [3], [3], [4]])
+      self.assertEqual([v for _, v in packed[1]], [None] * 6)
+
+  def test_small_packs_come_first_with_contribs_placeholder(self):
+    with tf.Graph().as_default():
+      device_grads, _, variables = _device_grads()
+      packed = packing.AggregateSmallTensorPacker(10**6, 2).pack(device_grads)
+      # Runs [0, 1] (1 + 3 elements) and [3, 4, 5] (7 + 1200 + 1), then the
+      # float64 at position 2, which is never packed.
+      self.assertEqual([t.shape.as_list() for t, _ in packed[0]],
+                       [[4], [1208], [2, 5]])
+      self.assertEqual([v for _, v in packed[0]],
+                       ['packing_var_placeholder'] * 2 + [variables[2]])
+
+  def test_small_runs_span_at_most_max_group_as_in_contrib(self):
+    # Ten small float32 scalars with max_group 2: a run grows while it spans
+    # at most 2 positions, so it takes 4 (0-3), then 4 (4-7), then 2 (8-9).
+    with tf.Graph().as_default():
+      device_grads = [[(tf.constant(float(10 * d + i)), None)
+                       for i in range(10)] for d in range(2)]
+      packer = packing.AggregateSmallTensorPacker(4, 2)
+      packed = packer.pack(device_grads)
+      self.assertEqual([t.shape.as_list() for t, _ in packed[0]],
+                       [[4], [4], [2]])
+      with self.cached_session() as sess:
+        got = sess.run([[g for g, _ in grads]
+                        for grads in packer.unpack(packed)])
+      self.assertAllEqual(got, [[10. * d + i for i in range(10)]
+                                for d in range(2)])
+
+  def test_unpack_takes_the_latest_pack(self):
+    with tf.Graph().as_default():
+      packer = packing.ConcatAndSplitPacker(2)
+      with self.assertRaisesRegex(errors.ContextError,
+                                  'ConcatAndSplitPacker.unpack was called '
+                                  'before pack'):
+        packer.unpack([])
+      first = [[(tf.constant([1., 2.]), 'a')]]
+      second = [[(tf.constant([[3., 4.], [5., 6.]]), 'b')]]
+      packer.pack(first)
+      packed = packer.pack(second)
+      unpacked = packer.unpack(packed)
+      self.assertEqual(unpacked[0][0][1], 'b')
+      self.assertEqual(unpacked[0][0][0].shape, (2, 2))
+
+  def test_contrib_split_sizes(self):
+    self.assertEqual(packing.contrib_split_sizes(10, 3), [3, 3, 4])
+    self.assertEqual(packing.contrib_split_sizes(12, 3), [4, 4, 4])
+    self.assertEqual(packing.contrib_split_sizes(2, 4), [0, 0, 0, 2])
 
   def test_errors(self):
     for bad in (0, -1, 1.5, True):

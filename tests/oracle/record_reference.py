@@ -24,9 +24,10 @@ import test_all_reduce_oracle  # noqa: E402
 import test_contrib_oracle  # noqa: E402
 import test_cross_tower_oracle  # noqa: E402
 import test_oracle_models  # noqa: E402
+import test_packers_oracle  # noqa: E402
 
 _MODULES = (test_contrib_oracle, test_oracle_models, test_all_reduce_oracle,
-            test_cross_tower_oracle)
+            test_cross_tower_oracle, test_packers_oracle)
 
 
 def main(patterns):
