@@ -172,6 +172,19 @@ class GraphCopier(object):
         copies[variable.op.name] = own.op
         copies[variable.op.outputs[0].name] = own.op.outputs[0]
     self._own_variable_ops.update(v.op for v in variables)
+    # What read the variable's own read tensor (`variable.value()`) reads
+    # each copy's, as in a tower that made the variable itself, rather than
+    # a second read of the copy.
+    for index, variable in enumerate(variables):
+      snapshot = _snapshot(variable)
+      owns = [_snapshot(per_tower[tower_id][index])
+              for tower_id in range(1, len(self._devices))]
+      if snapshot is None or any(own is None for own in owns):
+        continue
+      for tower_id, own in enumerate(owns, 1):
+        self._copies[tower_id][snapshot.op.name] = own.op
+        self._copies[tower_id][snapshot.name] = own
+      self._copied.add(snapshot.op)
 
   def set_copy(self, tower_id, original, copy):
     """Tower `tower_id`'s copies read `copy` where originals read `original`.
@@ -430,3 +443,19 @@ class GraphCopier(object):
 def _input_name(tensor):
   """How a NodeDef names `tensor` as an input (`op` for output 0)."""
   return tensor.op.name if tensor.value_index == 0 else tensor.name
+
+
+def _snapshot(variable):
+  """The read a variable made with itself, if a plain read; else None.
+
+  A `RefVariable`'s `<name>/read`, a `ResourceVariable`'s
+  `<name>/Read/ReadVariableOp`: layers read these (`variable.value()`).
+  """
+  name = variable.to_proto().snapshot_name
+  if not name:
+    return None
+  tensor = variable.graph.get_tensor_by_name(name)
+  op = tensor.op
+  if not op_kinds.is_plain_read(op) or op.inputs[0].op is not variable.op:
+    return None
+  return tensor

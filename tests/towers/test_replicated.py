@@ -261,6 +261,38 @@ class ReplicatedGraphTest(tf.test.TestCase):
         [op.device for op in updates],
         ['/device:GPU:0'] * 8 + ['/device:GPU:1'] * 8)
 
+  def test_copies_are_read_as_tower_0_reads_its_variables(self):
+    # A tower that made its variables would read each as tower 0 does: a
+    # ref variable through its own `<name>/read`, a resource variable
+    # through its `Read/ReadVariableOp` plus one read per use. So each copy
+    # has as many reads as its original (a second read of a ref copy, beside
+    # its unused own `read`, would make 2 where tower 0 has 1), and a ref
+    # copy's kernel reaches the MatMul through its own `read`.
+    devices = replicate.testing.virtual_cpu_devices(3)
+    with tf.Graph().as_default() as graph:
+      self._build(tf1.estimator.ModeKeys.TRAIN, devices,
+                  cross_tower_ops=replicate.AllReduceCrossTowerOps(
+                      'hierarchical_copy'))
+    reads = {}
+    for op in graph.get_operations():
+      # (Not the session-start sync's reads of tower 0's variables.)
+      if op.type in ('Identity', 'ReadVariableOp') and op.inputs and (
+          op.inputs[0].op.type in ('VariableV2', 'VarHandleOp')) and (
+              not op.name.startswith('replicated_variables_sync/')):
+        reads.setdefault(op.inputs[0].op.name, []).append(op)
+    originals = [v.op.name for v in graph.get_collection(
+        tf1.GraphKeys.TRAINABLE_VARIABLES)]
+    self.assertLen(originals, 8)  # 4 kernels, 4 biases
+    for name in originals:
+      for tower in (1, 2):
+        copy = 'tower_{}/{}'.format(tower, name)
+        self.assertEqual(len(reads[name]), len(reads[copy]), copy)
+        if reads[copy][0].type == 'Identity':
+          self.assertEqual([op.name for op in reads[copy]], [copy + '/read'])
+    matmul = graph.get_operation_by_name('tower_2/second/MatMul')
+    if matmul.inputs[1].op.type == 'Identity':
+      self.assertEqual(matmul.inputs[1].op.name, 'tower_2/second/kernel/read')
+
   def test_predict_towers_read_their_own_copies(self):
     devices = replicate.testing.virtual_cpu_devices(2)
     with tf.Graph().as_default() as graph:
