@@ -167,14 +167,41 @@ def _num_elements(grad):
 
 
 def concat_flat(grads):
-  """The flattened `grads`, concatenated (one dtype)."""
-  return tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0)
+  """The flattened `grads`, concatenated (one dtype).
+
+  A vector is already flat: only the others are reshaped, all by one shape
+  constant (a graph of many towers and buckets would otherwise hold a
+  `Reshape` and a `Const` per gradient and device).
+  """
+  flat_shape = None
+  pieces = []
+  for grad in grads:
+    if grad.shape.rank != 1:
+      if flat_shape is None:
+        flat_shape = tf.constant([-1], name='flat_shape')
+      grad = tf.reshape(grad, flat_shape)
+    pieces.append(grad)
+  return tf.concat(pieces, axis=0)
 
 
 def split_back(flat, shapes, sizes):
-  """Inverts `concat_flat`: pieces of `sizes` elements, reshaped."""
-  return [tf.reshape(t, shape)
-          for t, shape in zip(tf.split(flat, sizes, axis=0), shapes)]
+  """Inverts `concat_flat`: pieces of `sizes` elements, reshaped.
+
+  Vectors come out of the split as they were; one shape constant serves
+  every piece of one shape.
+  """
+  constants = {}
+  pieces = []
+  for piece, shape in zip(tf.split(flat, sizes, axis=0), shapes):
+    shape = tf.TensorShape(shape)
+    if shape.rank != 1:
+      key = tuple(shape.as_list())
+      if key not in constants:
+        constants[key] = tf.constant(list(key), dtype=tf.int32,
+                                     name='piece_shape')
+      piece = tf.reshape(piece, constants[key])
+    pieces.append(piece)
+  return pieces
 
 
 def contrib_split_sizes(total, num_packs):

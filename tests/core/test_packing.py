@@ -124,6 +124,21 @@ class PackingTest(parameterized.TestCase, tf.test.TestCase):
       self.assertEqual(unpacked[0][0][1], 'b')
       self.assertEqual(unpacked[0][0][0].shape, (2, 2))
 
+  def test_vectors_are_not_reshaped(self):
+    # Of the 6 gradients, the scalar, (2, 5) and (40, 30) need a reshape to
+    # be flattened and one back; the vectors (3,), (7,), (1,) need none:
+    # 3 x 2 reshapes per device, 2 devices: 12 (a reshape each way for
+    # every gradient would make 24). One [-1] shape constant per
+    # concatenation that flattens something: 2 dtypes x 2 devices.
+    with tf.Graph().as_default() as graph:
+      device_grads, _, _ = _device_grads()
+      packer = packing.ConcatAndSplitPacker(1)
+      packer.unpack(packer.pack(device_grads))
+      ops = graph.get_operations()
+      self.assertLen([op for op in ops if op.type == 'Reshape'], 12)
+      self.assertLen([op for op in ops if op.type == 'Const' and
+                      op.name.split('/')[-1].startswith('flat_shape')], 4)
+
   def test_contrib_split_sizes(self):
     self.assertEqual(packing.contrib_split_sizes(10, 3), [3, 3, 4])
     self.assertEqual(packing.contrib_split_sizes(12, 3), [4, 4, 4])
