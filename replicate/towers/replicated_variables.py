@@ -9,14 +9,13 @@ move both ways between REPLICATED, the other placements and one device.
 
 The copies start equal to tower 0's variables and stay equal: a hook sets
 them (and their slots) from tower 0's when a session starts, after the
-checkpoint is restored; in every step each tower applies the same
+checkpoint is restored, by running their initializers with tower 0's values
+fed (no op of its own in the graph); in every step each tower applies the same
 all-reduced gradients to its own copy, in one `apply_gradients` call over
 all copies, so that per-call state such as Adam's beta powers advances once.
 Non-trainable variables (the global step, moving statistics) stay single,
 as tower 0's.
 """
-import tensorflow as tf
-
 from replicate import errors
 from replicate._compat import tf1
 from replicate.graph_copy import bulk_variables
@@ -156,43 +155,90 @@ class ReplicatedVariables(object):
     """
     if not self._pairs:
       return None
-    return _SyncHook(_assign_all(self._pairs,
-                                 'replicated_variables_sync/sync'))
+    return _SyncHook(self._pairs)
 
 
-def _assign_all(pairs, name):
-  """One op setting each target variable to its source's value.
+# The most bytes of tower-0 values the sync holds on the host at once.
+_SYNC_BATCH_BYTES = 256 << 20
 
-  Each assignment is placed on its target's device and grouped per device
-  first: a control edge across devices costs a transfer when the op runs.
+
+class _SyncRound(object):
+  """One fetch of tower-0 values, then one run of initializers fed them."""
+
+  def __init__(self):
+    self.sources = []
+    self.feeds = {}  # feed tensor -> index into sources
+    self.initializers = []
+    self._index = {}  # id(source) -> index into sources
+    self._bytes = 0
+
+  def takes(self, source, feed, size, max_bytes):
+    index = self._index.get(id(source))
+    if self.feeds.get(feed, index) != index:
+      return False  # the tensor is fed another source's value
+    return (index is not None or not self.sources or
+            self._bytes + size <= max_bytes)
+
+  def add(self, source, feed, size, initializer):
+    index = self._index.get(id(source))
+    if index is None:
+      index = self._index[id(source)] = len(self.sources)
+      self.sources.append(source)
+      self._bytes += size
+    self.feeds[feed] = index
+    self.initializers.append(initializer)
+
+
+def _sync_rounds(pairs, max_bytes=_SYNC_BATCH_BYTES):
+  """Groups `(source, target)` pairs into `_SyncRound`s.
+
+  A target is set by running its initializer with the value it assigns fed
+  (`tf.Variable.load`'s way): no op is added to the graph. Copies of one
+  variable share their initial value tensor, so one fed value sets them
+  all; a round never feeds one tensor for two sources (two variables made
+  from one tensor), and holds at most `max_bytes` of values (or one source).
+
+  Raises:
+    InvalidArgumentError: if a target's initializer is not an assignment of
+      its initial value.
   """
-  graph = tf1.get_default_graph()
-  per_device = {}
-  with tf1.name_scope(None), tf1.control_dependencies(None), (
-      graph.colocate_with(None, ignore_existing=True)), tf1.device(None), (
-          tf1.name_scope(name)) as scope:
-    for source, target in pairs:
-      with tf1.device(target.device):
-        per_device.setdefault(target.device, []).append(
-            target.assign(source.value(), read_value=False))
-    groups = []
-    for device, assigns in per_device.items():
-      with tf1.device(device):
-        groups.append(tf.group(*assigns))
-    return tf.group(*groups, name=scope)
+  rounds = []
+  for source, target in pairs:
+    initializer = target.initializer
+    if initializer.type not in ('Assign', 'AssignVariableOp') or len(
+        initializer.inputs) != 2:
+      raise errors.InvalidArgumentError(
+          'Cannot set the REPLICATED copy {} from {}: its initializer is a '
+          '{} op, not an assignment of its initial value.'.format(
+              target.op.name, source.op.name, initializer.type))
+    feed = initializer.inputs[1]
+    size = source.shape.num_elements() * source.dtype.size
+    for sync_round in rounds:
+      if sync_round.takes(source, feed, size, max_bytes):
+        break
+    else:
+      sync_round = _SyncRound()
+      rounds.append(sync_round)
+    sync_round.add(source, feed, size, initializer)
+  return rounds
 
 
 class _SyncHook(tf1.train.SessionRunHook):
-  """Runs the copies' sync once the session is created and initialized.
+  """Sets the copies from tower 0's once the session is created.
 
   `after_create_session` runs after restoring (chief) and after the local
   variables' initializers, in training, evaluation and prediction sessions
   alike, and again whenever a `MonitoredSession` recreates its session.
+  Each round fetches tower 0's values, then runs the copies' initializers
+  with them fed (`_sync_rounds`): the sync adds no op to the graph.
   """
 
-  def __init__(self, sync_op):
-    self._sync_op = sync_op
+  def __init__(self, pairs):
+    self._rounds = _sync_rounds(pairs)
 
   def after_create_session(self, session, coord):
     del coord  # unused
-    session.run(self._sync_op)
+    for sync_round in self._rounds:
+      values = session.run(sync_round.sources)
+      session.run(sync_round.initializers, feed_dict={
+          feed: values[index] for feed, index in sync_round.feeds.items()})

@@ -266,7 +266,8 @@ class ReplicatedGraphTest(tf.test.TestCase):
     # ref variable through its own `<name>/read`, a resource variable
     # through its `Read/ReadVariableOp` plus one read per use. So each copy
     # has as many reads as its original (a second read of a ref copy, beside
-    # its unused own `read`, would make 2 where tower 0 has 1), and a ref
+    # its unused own `read`, would make 2 where tower 0 has 1; reads of tower
+    # 0's variables to set the copies would add to the originals'), and a ref
     # copy's kernel reaches the MatMul through its own `read`.
     devices = replicate.testing.virtual_cpu_devices(3)
     with tf.Graph().as_default() as graph:
@@ -275,10 +276,8 @@ class ReplicatedGraphTest(tf.test.TestCase):
                       'hierarchical_copy'))
     reads = {}
     for op in graph.get_operations():
-      # (Not the session-start sync's reads of tower 0's variables.)
       if op.type in ('Identity', 'ReadVariableOp') and op.inputs and (
-          op.inputs[0].op.type in ('VariableV2', 'VarHandleOp')) and (
-              not op.name.startswith('replicated_variables_sync/')):
+          op.inputs[0].op.type in ('VariableV2', 'VarHandleOp')):
         reads.setdefault(op.inputs[0].op.name, []).append(op)
     originals = [v.op.name for v in graph.get_collection(
         tf1.GraphKeys.TRAINABLE_VARIABLES)]
