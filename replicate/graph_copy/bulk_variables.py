@@ -3,8 +3,8 @@
 `tf.Variable` builds a variable's ops (handle, initializer, read) one at a
 time through Python. `VariablePlacement.REPLICATED` needs N-1 copies of
 every trainable variable and of every optimizer slot; made one at a time
-they cost a fifth of an 8-tower ResNet-50 build each (docs/performance.md,
-"Variables and slots made by import"). `create_variables` writes the ops of a batch of
+they are a large part of its build (measured in docs/performance.md,
+"Private build paths"). `create_variables` writes the ops of a batch of
 variables into one `GraphDef` (the op types, names, attributes and
 devices `tf.Variable` gives them), imports it once and wraps each variable
 from a `VariableDef`. `create_slot_copies` lets an optimizer make the
