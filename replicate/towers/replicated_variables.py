@@ -167,7 +167,7 @@ class _SyncRound(object):
 
   def __init__(self):
     self.sources = []
-    self.feeds = {}  # feed tensor -> index into sources
+    self.feeds = {}  # name of the fed tensor -> index into sources
     self.initializers = []
     self._index = {}  # id(source) -> index into sources
     self._bytes = 0
@@ -211,7 +211,7 @@ def _sync_rounds(pairs, max_bytes=_SYNC_BATCH_BYTES):
           'Cannot set the REPLICATED copy {} from {}: its initializer is a '
           '{} op, not an assignment of its initial value.'.format(
               target.op.name, source.op.name, initializer.type))
-    feed = initializer.inputs[1]
+    feed = initializer.inputs[1].name
     size = source.shape.num_elements() * source.dtype.size
     for sync_round in rounds:
       if sync_round.takes(source, feed, size, max_bytes):
