@@ -107,7 +107,8 @@ def _apply_sums(replication, optimizer, call_index, global_step, name,
   """
   if replication.replicated is not None:
     _check_replicable(optimizer)
-  tower_grads = replication.gradients_of_call(call_index)
+  tower_grads = _without_empty_towers(
+      replication, replication.gradients_of_call(call_index))
 
   def apply():
     with replication.first_tower_call_scopes(call_index):
@@ -131,6 +132,44 @@ def _apply_sums(replication, optimizer, call_index, global_step, name,
   train_op, created = gradient_gating.ops_created_by(replication.graph, apply)
   replication.cloner.share(created)
   return train_op
+
+
+def _without_empty_towers(replication, tower_grads):
+  """Each tower's gradients, made exactly zero for a tower without rows.
+
+  A tower given no rows of a short batch (`b < N`) has its loss weighted 0,
+  yet its gradients can be NaN: statistics over no rows (batch
+  normalization's mean and variance) are 0/0, and 0 * NaN is NaN. One device
+  never builds that tower, so its gradients must add nothing.
+  `multiply_no_nan` by the tower's 0-or-1 mask keeps every other gradient bit
+  for bit. Only where rows are counted at run time (`tower_rows`).
+  """
+  if replication.tower_rows is None:
+    return tower_grads
+  masked = []
+  for rows, pairs in zip(replication.tower_rows, tower_grads):
+    masks = {}
+
+    def mask_of(grad, rows=rows, masks=masks):
+      dtype = grad.dtype.base_dtype
+      if dtype not in masks:
+        with tf1.device(rows.device), tf1.name_scope('empty_tower_mask'):
+          masks[dtype] = tf.cast(rows > 0, dtype)
+      return masks[dtype]
+
+    tower = []
+    for grad, var in pairs:
+      if grad is not None and grad.dtype.base_dtype.is_floating:
+        with tf1.device(grad.device), tf1.name_scope('empty_tower_gradient'):
+          if isinstance(grad, tf.IndexedSlices):
+            grad = tf.IndexedSlices(
+                tf.math.multiply_no_nan(grad.values, mask_of(grad.values)),
+                grad.indices, grad.dense_shape)
+          else:
+            grad = tf.math.multiply_no_nan(grad, mask_of(grad))
+      tower.append((grad, var))
+    masked.append(tower)
+  return masked
 
 
 def _apply_replicated(replication, optimizer, tower_grads, global_step, name,

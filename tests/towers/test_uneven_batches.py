@@ -46,6 +46,10 @@ def _model_fn(features, labels, mode, params):
   hidden = tf1.layers.dense(
       features['x'], 4, activation=tf.nn.tanh,
       kernel_initializer=tf1.glorot_uniform_initializer(seed=1), name='hidden')
+  if params.get('batch_norm'):
+    # Statistics of a tower's rows: NaN over no rows, and so its gradients.
+    hidden = tf1.layers.batch_normalization(hidden, training=mode == TRAIN,
+                                            name='bn')
   prediction = tf1.layers.dense(
       hidden, 1, kernel_initializer=tf1.glorot_uniform_initializer(seed=2),
       name='out')
@@ -67,7 +71,9 @@ def _model_fn(features, labels, mode, params):
       tf1.train.GradientDescentOptimizer(0.1),
       accumulation_steps=params['accumulation_steps'],
       compression=params['compression'])
-  train_op = optimizer.minimize(loss, tf1.train.get_global_step())
+  with tf1.control_dependencies(tf1.get_collection(
+      tf1.GraphKeys.UPDATE_OPS)):
+    train_op = optimizer.minimize(loss, tf1.train.get_global_step())
   metrics = {
       'mse': tf1.metrics.mean_squared_error(labels, prediction),
       'mean_prediction': tf1.metrics.mean(prediction),
@@ -89,12 +95,12 @@ class UnevenBatchEstimatorTest(tf.test.TestCase, parameterized.TestCase):
 
   def _compare(self, size, batch, reduction=Reduction.SUM_BY_NONZERO_WEIGHTS,
                optimizer='sgd', plain_mean=False, accumulation_steps=1,
-               compression=None, rtol=1e-5, **replication):
+               compression=None, rtol=1e-5, batch_norm=False, **replication):
     root = self.get_temp_dir() + '/' + self.id().split('.')[-1]
     params = {'reduction': reduction, 'optimizer': optimizer,
               'plain_mean': plain_mean,
               'accumulation_steps': accumulation_steps,
-              'compression': compression}
+              'compression': compression, 'batch_norm': batch_norm}
     one = tf1.estimator.Estimator(_model_fn, config=_config(root + '/one'),
                                   params=params)
     one.train(_input_fn(3, 3), steps=1)  # the checkpoint both start from
@@ -161,6 +167,18 @@ class UnevenBatchEstimatorTest(tf.test.TestCase, parameterized.TestCase):
   def test_mean_of_no_rows_is_no_nan(self):
     # tf.reduce_mean over tower 3's 0 rows is NaN; its weight is exactly 0.
     self._compare(5, 3, plain_mean=True)
+
+  @parameterized.named_parameters(
+      ('sgd', 'sgd', {}), ('adam', 'adam', {}),
+      ('replicated', 'adam',
+       {'variable_placement': replicate.VariablePlacement.REPLICATED}),
+      ('call_per_tower', 'sgd',
+       {'tower_build': replicate.TowerBuild.CALL_PER_TOWER}))
+  def test_towers_without_rows_add_no_nan(self, optimizer, replication):
+    # Batches of 1 row on 4 towers: [1, 0, 0, 0]. Tower 0 is one device;
+    # towers 1-3 normalize no rows: mean and variance 0/0 = NaN, and batch
+    # norm's gradients NaN with them, though their loss weighs exactly 0.
+    self._compare(5, 1, optimizer=optimizer, batch_norm=True, **replication)
 
   def test_call_per_tower(self):
     self._compare(5, 3, tower_build=replicate.TowerBuild.CALL_PER_TOWER)
