@@ -1,9 +1,11 @@
 """Kinds of ops by type: variables and their reads, tables, TF1 control flow.
 
 The one place that names op types: what owns state (never copied, placed on
-a parameter device), what reads a variable, what a TF1 loop or branch is
-made of. Imports nothing of the package but `_compat`.
+a parameter device), what reads or writes a variable, what a TF1 loop or
+branch is made of. Imports nothing of the package but `_compat`.
 """
+import tensorflow as tf
+
 from replicate._compat import tf1
 
 # Ops that read a variable without copying it: a reference variable's
@@ -58,6 +60,59 @@ PARAMETER_OP_TYPES = frozenset([
 # by `tables_initializer`). A write of the state in what a copy needs is
 # copied like any other op: every copy makes it, as another call would.
 STATEFUL_OP_TYPES = PARAMETER_OP_TYPES | STATIC_TABLE_OP_TYPES
+
+
+# Ops taking a variable (its ref or its resource handle) only to read it.
+VARIABLE_READER_OP_TYPES = frozenset([
+    'ReadVariableOp', 'ResourceGather', 'ResourceGatherNd', 'VariableShape',
+    'VarIsInitializedOp', 'IsVariableInitialized'])
+# Ops passing a variable's ref or handle on (identities, control flow).
+VARIABLE_FORWARD_OP_TYPES = frozenset([
+    'Identity', 'RefIdentity', 'IdentityN', 'Switch', 'RefSwitch', 'Enter',
+    'RefEnter', 'Merge', 'RefMerge', 'Exit', 'RefExit', 'NextIteration',
+    'RefNextIteration'])
+
+
+# TF 2 functional control flow and function calls: ops whose functions get
+# a resource handle as an argument, to read it or write it.
+FUNCTION_CALL_OP_TYPES = frozenset([
+    'While', 'StatelessWhile', 'If', 'StatelessIf', 'Case', 'StatelessCase',
+    'PartitionedCall', 'StatefulPartitionedCall'])
+
+
+def is_variable(tensor):
+  """Whether `tensor` is a variable itself: a ref or a resource handle."""
+  return (tensor.dtype == tf.resource or
+          tensor.dtype != tensor.dtype.base_dtype)  # a ref
+
+
+def variable_writes(variable_op, within=None):
+  """The ops that write the variable of `variable_op` (its ref or handle
+  followed through identities and control flow).
+
+  Args:
+    variable_op: a `VariableV2` or `VarHandleOp`.
+    within: a set of ops to look in; None for the whole graph.
+  """
+  writes = []
+  pending = [variable_op.outputs[0]]
+  seen = set()
+  while pending:
+    tensor = pending.pop()
+    for op in tensor.consumers():
+      if (within is not None and op not in within) or op in seen:
+        continue
+      seen.add(op)
+      if op.type in VARIABLE_READER_OP_TYPES:
+        continue
+      if tensor.dtype != tf.resource and not any(
+          arg.is_ref for arg in op.op_def.input_arg):
+        continue  # takes the ref's value: a read
+      if op.type in VARIABLE_FORWARD_OP_TYPES:
+        pending.extend(t for t in op.outputs if is_variable(t))
+      else:
+        writes.append(op)
+  return writes
 
 
 def op_of(item):

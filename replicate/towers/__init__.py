@@ -8,8 +8,10 @@ PREDICT, `tower_copier` adapts `graph_copy` to towers), per-tower loss and
 update views (`tower_collections`), what `TowerOptimizer` does in a tower
 (`tower_gradients`: scaled, gated gradients; recorded, summed or
 all-reduced, applied once), variable and op placement
-(`device_setter`), merging the towers' EstimatorSpecs (`tower_specs`) and the
-unreplicated graph of a SavedModel export (`serving`). `replicate/model_fn.py`
+(`device_setter`), merging the towers' EstimatorSpecs (`tower_specs`; their
+EVAL metrics: `metric_merge`), the copies of `VariablePlacement.REPLICATED`
+(`replicated_variables`) and the unreplicated graph of a SavedModel export
+(`serving`). `replicate/model_fn.py`
 and `replicate/tower_optimizer.py` are the public facades.
 
 May import: `replicate.core`, `replicate.gradients`, `replicate.graph_copy`

@@ -169,9 +169,28 @@ def build(model_fn, features, labels, mode, params, config, placement,
     finally:
       replication.cloner = None
       collections.finish()
+    rows = split.rows
+    if mode == ModeKeys.PREDICT and rows is None:
+      rows = _static_rows(split)
     spec = tower_specs.merge(mode, specs, metric_variables, aggregation_device,
-                             replication.applying_tower_id)
+                             replication.applying_tower_id, rows,
+                             tf.nest.flatten((feature_shards[0],
+                                              label_shards[0]),
+                                             expand_composites=True))
     return _with_sync_hook(spec, mode, replicated)
+
+
+def _static_rows(split):
+  """Each tower's rows of a static batch split evenly (a list of ints), or
+  None where no value is split."""
+  flat = [tf.nest.flatten(shards, expand_composites=True) for shards in zip(
+      split.feature_shards, split.label_shards)]
+  for first, second in zip(flat[0], flat[1]):
+    if first is not second and isinstance(first, tf.Tensor):
+      rows = tf.compat.dimension_value(first.shape[0])
+      if rows is not None:
+        return [rows] * len(flat)
+  return None
 
 
 def _check_copied(replicated, per_tower_reason):

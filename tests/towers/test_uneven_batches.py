@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 import replicate
+from replicate import errors
 from replicate._compat import tf1
 from replicate.towers import batch_split
 
@@ -22,6 +23,7 @@ TOWERS = 4
 MAX_ROWS = 43
 TRAIN = tf1.estimator.ModeKeys.TRAIN
 PREDICT = tf1.estimator.ModeKeys.PREDICT
+EVAL = tf1.estimator.ModeKeys.EVAL
 Reduction = tf1.losses.Reduction
 
 # Row r: distinct features, label and (nonzero, non-uniform) weight.
@@ -290,6 +292,46 @@ class UnevenBatchGraphTest(tf.test.TestCase):
     self.assertAllClose(_X[:3].sum(axis=1, keepdims=True), predictions)
     self.assertAllClose(_X[:3].sum(axis=1, keepdims=True), exported)
 
+  def _predict_odd(self, x, odd, feed=None):
+    """PREDICT of a model_fn whose prediction 'odd' is `odd(prediction)`."""
+
+    def model_fn(features, mode):
+      prediction = tf1.layers.dense(features['x'], 3, name='out')
+      return tf1.estimator.EstimatorSpec(
+          mode, predictions={'ok': prediction, 'odd': odd(prediction)})
+
+    spec = replicate.replicate_model_fn(
+        model_fn, devices=replicate.testing.virtual_cpu_devices(TOWERS))(
+            {'x': x}, None, PREDICT)
+    with self._session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      return sess.run(spec.predictions, feed)
+
+  def test_predictions_without_the_rows_are_refused(self):
+    # Concatenated over the towers they would not be one device's: 4
+    # towers' transposes side by side, or 4 copies of a per-batch vector.
+    message = (r'Predictions\[\W*odd\W*\] in tower \d has {} in dimension '
+               r'0, but the tower was given {} of the batch: .* concatenates')
+    with tf.Graph().as_default():  # static: 8 rows, 2 a tower; [3, 2]
+      with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                  message.format(3, 2)):
+        self._predict_odd(_X[:8], tf.transpose)
+    for rows in (3, 8):  # counted at run time: [1, 1, 1, 0] and [2] * 4
+      with tf.Graph().as_default():
+        x = tf1.placeholder(tf.float32, [None, 3])
+        with self.assertRaisesRegex(
+            tf.errors.InvalidArgumentError,
+            message.format('the size below', 'the rows after it')):
+          self._predict_odd(x, lambda p: tf.constant([1, 2, 3, 4, 5]),
+                            {x: _X[:rows]})
+
+  def test_predictions_with_the_rows_pass(self):
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [None, 3])
+      predictions = self._predict_odd(x, lambda p: p[:, :1] * 2.0,
+                                      {x: _X[:5]})
+    self.assertAllClose(predictions['ok'][:, :1] * 2.0, predictions['odd'])
+
   def test_sparse_feature_split_unevenly(self):
     # 3 rows, [1, 1, 1, 0]: row r holds 10 * r at column r.
     with tf.Graph().as_default():
@@ -354,6 +396,112 @@ class UnevenBatchGraphTest(tf.test.TestCase):
             r'labels has 8 rows in dimension 0, but the batch has \(known '
             r'at run time\) \(features\[.{1,2}x.{1,2}\], .*unsplit_features'):
           sess.run(spec.train_op, {x: _X[:5]})
+
+
+
+def _per_batch_model_fn(features, labels, mode):
+  """Metrics of per-batch values (scalars of the batch) and of rows."""
+  prediction = tf1.layers.dense(
+      features['x'], 1, kernel_initializer=tf1.glorot_uniform_initializer(
+          seed=2), name='out')
+  per_row = tf1.losses.mean_squared_error(labels, prediction,
+                                          reduction=Reduction.NONE)
+  loss = tf.reduce_mean(per_row)
+  rate = tf1.get_variable('rate', [], initializer=tf1.ones_initializer(),
+                          trainable=False)
+  metrics = {
+      # One term per call: per batch on one device, per tower here.
+      'mean_loss': tf1.metrics.mean(loss),
+      'weighted_mean_loss': tf1.metrics.mean(loss, weights=2.0),
+      'mean_of_batch_mean': tf1.metrics.mean(tf.reduce_mean(prediction)),
+      # Sums over rows, or scalars that do not depend on the batch.
+      'mean_per_row_loss': tf1.metrics.mean(per_row),
+      'mean_prediction': tf1.metrics.mean(prediction),
+      'positive': tf1.metrics.accuracy(labels > 0, prediction > 0),
+      'rmse': tf1.metrics.root_mean_squared_error(labels, prediction),
+      'rate': tf1.metrics.mean(rate),
+      'constant': tf1.metrics.mean(tf.constant(2.0)),
+  }
+  return tf1.estimator.EstimatorSpec(mode, loss=loss,
+                                     eval_metric_ops=metrics)
+
+
+_PER_BATCH = ['mean_loss', 'mean_of_batch_mean', 'weighted_mean_loss']
+
+
+class PerBatchMetricTest(tf.test.TestCase):
+  """A metric of a per-batch value adds one term per tower: one device's
+  value only when every tower has the same rows; otherwise the step fails."""
+
+  def _evaluate(self, size, batch, towers):
+    model_dir = self.get_temp_dir() + '/' + self.id().split('.')[-1]
+    one = tf1.estimator.Estimator(_per_batch_model_fn,
+                                  config=_config(model_dir))
+    many = tf1.estimator.Estimator(
+        replicate.replicate_model_fn(
+            _per_batch_model_fn,
+            devices=replicate.testing.virtual_cpu_devices(towers)),
+        config=_config(model_dir))
+    # No train_op: evaluate a fresh checkpoint of the seeded initializers.
+    with tf.Graph().as_default():
+      tf1.train.get_or_create_global_step()
+      _per_batch_model_fn({'x': tf1.placeholder(tf.float32, [None, 3])},
+                          tf1.placeholder(tf.float32, [None, 1]), EVAL)
+      saver = tf1.train.Saver()
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        checkpoint = saver.save(sess, model_dir + '/start')
+    expected = one.evaluate(_input_fn(size, batch),
+                            checkpoint_path=checkpoint, name='one')
+    return expected, lambda: many.evaluate(
+        _input_fn(size, batch), checkpoint_path=checkpoint, name='many')
+
+  def test_even_batches_equal_one_device(self):
+    # 16 rows in batches of 8 on 4 towers (batch dimension unknown, so rows
+    # are counted at run time): 2 rows each, and a tower's mean loss is a
+    # quarter of the batch's mean loss, 4 of them per batch.
+    expected, evaluate = self._evaluate(16, 8, TOWERS)
+    metrics = evaluate()
+    self.assertCountEqual(expected, metrics)
+    for key in expected:
+      self.assertAllClose(expected[key], metrics[key], rtol=1e-6, msg=key)
+
+  def test_uneven_batch_fails_naming_the_metric(self):
+    # 6 rows in batches of 3: [1, 1, 1, 0] rows; one device's mean loss of
+    # the batch cannot be made from the towers' 3 means and a NaN.
+    _, evaluate = self._evaluate(6, 3, TOWERS)
+    with self.assertRaisesRegex(
+        tf.errors.InvalidArgumentError,
+        r'Metrics \[\W*mean_loss\W+mean_of_batch_mean\W+'
+        r'weighted_mean_loss\W+ take a per-batch value .* this batch does '
+        r'not divide by 4\. Make every evaluation batch a multiple of 4 '
+        r'rows'):
+      evaluate()
+
+  def test_only_metrics_of_batch_scalars_are_checked(self):
+    checked = []
+    with tf.Graph().as_default() as graph:
+      features = {'x': tf1.placeholder(tf.float32, [None, 3])}
+      labels = tf1.placeholder(tf.float32, [None, 1])
+      replicate.replicate_model_fn(
+          _per_batch_model_fn,
+          devices=replicate.testing.virtual_cpu_devices(TOWERS))(
+              features, labels, tf1.estimator.ModeKeys.EVAL, None, None)
+      for op in graph.get_operations():
+        if op.type == 'Const' and op.get_attr('dtype') == tf.string:
+          for value in op.get_attr('value').string_val:
+            if value.startswith(b'Metrics '):
+              checked.append(value.decode().split(' take ')[0])
+    self.assertEqual({'Metrics {}'.format(_PER_BATCH)}, set(checked))
+
+  def test_even_static_batch_is_not_checked(self):
+    with tf.Graph().as_default() as graph:
+      replicate.replicate_model_fn(
+          _per_batch_model_fn,
+          devices=replicate.testing.virtual_cpu_devices(TOWERS))(
+              {'x': _X[:8]}, _Y[:8], tf1.estimator.ModeKeys.EVAL, None, None)
+      self.assertEqual([], [op for op in graph.get_operations()
+                            if op.name.startswith('per_batch_metric_check')])
 
 
 if __name__ == '__main__':

@@ -1,0 +1,226 @@
+"""EVAL's metrics of several towers: one device's values, or an error.
+
+Each tower updates its own metric variables; after every step the merge
+adds towers 1..N-1's into tower 0's (`reduce_metric_variables`). That is one
+device's state only for state made of sums and counts from zero, which
+`check_summable` checks when the graph is built; and, for a metric of a
+per-batch value (one term per call: `tf.metrics.mean(loss)`), only when the
+towers' shards are equal, which `even_rows_checks` asserts when a step runs
+where rows are counted at run time (`per_batch_metrics` finds them).
+"""
+import tensorflow as tf
+
+from replicate import errors
+from replicate._compat import tf1
+from replicate.core import op_kinds
+
+
+def reduce_metric_variables(tower_metric_variables):
+  """Adds towers 1.. metric variables into tower 0's, then zeroes them."""
+  counts = [len(v) for v in tower_metric_variables]
+  if len(set(counts)) > 1:
+    raise errors.InvalidArgumentError(
+        'Different `EstimatorSpec.eval_metric_ops` across `model_fn()` calls: '
+        'every tower must create the same metrics. Expected {} local '
+        'variables (tower 0\'s {} in each of {} towers), but got {} instead '
+        '({} respectively). Make model_fn return the same eval_metric_ops on '
+        'every call.'.format(counts[0] * len(counts), counts[0], len(counts),
+                             sum(counts), counts))
+  resets = []
+  with tf1.name_scope('metric_reduction'):
+    for position, primary in enumerate(tower_metric_variables[0]):
+      replicas = [tower[position] for tower in tower_metric_variables[1:]]
+      for replica in replicas:
+        if (replica.dtype.base_dtype != primary.dtype.base_dtype or
+            not replica.shape.is_compatible_with(primary.shape)):
+          raise errors.InvalidArgumentError(
+              'Every tower must create the same metrics, but metric variable '
+              '{} ({}, {}) does not match {} ({}, {}) of tower 0. Make '
+              'model_fn return the same eval_metric_ops on every call.'.format(
+                  replica.op.name, replica.dtype.base_dtype.name,
+                  replica.shape, primary.op.name,
+                  primary.dtype.base_dtype.name, primary.shape))
+      add = tf1.assign_add(primary, tf.math.add_n(
+          [tf1.convert_to_tensor(r) for r in replicas]))
+      with tf1.control_dependencies([add]):
+        resets.extend(
+            tf1.assign(replica, tf.zeros_like(replica)) for replica in replicas)
+    return tf.group(*resets, name='reduce_metric_variables')
+
+
+# Writes that add to (or subtract from) a variable: from zero, the towers'
+# states summed are what one device's updates would have made.
+_ADDITIVE_WRITES = frozenset([
+    'AssignAdd', 'AssignSub', 'ScatterAdd', 'ScatterSub', 'ScatterNdAdd',
+    'ScatterNdSub', 'AssignAddVariableOp', 'AssignSubVariableOp',
+    'ResourceScatterAdd', 'ResourceScatterSub', 'ResourceScatterNdAdd',
+    'ResourceScatterNdSub'])
+# Ops reducing their first input: from a scalar, one term per call.
+_REDUCTIONS = frozenset(['Sum', 'Mean', 'Prod', 'Max', 'Min', 'Size'])
+def check_summable(metrics, tower_metric_variables):
+  """Raises unless summing the towers' metric variables is exact.
+
+  The merge adds the towers' metric variables into tower 0's. That gives one
+  device's state only where every write of a metric variable by the metrics'
+  update ops adds an amount that reads no metric state, to a variable that
+  starts at zero.
+
+  Args:
+    metrics: for each tower, its `{key: (value, update_op)}`.
+    tower_metric_variables: for each tower, its metric variables.
+
+  Raises:
+    InvalidArgumentError: naming the metric, the variable, the write and the
+      fix.
+  """
+  updates = [_op(update) for tower in metrics for _, update in tower.values()]
+  cone = _cone(updates)
+  owned = {v.op: v for tower in tower_metric_variables for v in tower}
+  stateful = _reads_of(owned, cone)
+  # Tower 0's first, so that the message names the variable model_fn made.
+  for variable in [v for tower in tower_metric_variables for v in tower]:
+    for write in op_kinds.variable_writes(variable.op, cone):
+      reason = None
+      if write.type not in _ADDITIVE_WRITES:
+        reason = (
+            'its update op writes metric variable {} with {} (op {}), which '
+            'does not add to it, so its towers\' states cannot be combined by '
+            'summing them'.format(variable.op.name, write.type, write.name))
+      elif any(t.op in stateful for t in _amount_inputs(write)):
+        reason = (
+            'its update op adds to metric variable {} with {} (op {}) an '
+            'amount computed from the metric\'s own state, so its towers\' '
+            'states cannot be combined by summing them'.format(
+                variable.op.name, write.type, write.name))
+      elif not _starts_at_zero(variable):
+        reason = (
+            'metric variable {} does not start at a constant zero, and the '
+            'copy of every tower starts where it does, so summing the towers\' '
+            'states would count the start more than once'.format(
+                variable.op.name))
+      if reason:
+        raise errors.InvalidArgumentError(
+            'Metric {!r} cannot be reduced across towers: {}. '
+            'replicate_model_fn merges the towers of a metric by adding their '
+            'metric variables, which is exact only for state made of sums '
+            'and counts (AssignAdd, ScatterAdd and the like) from zero. '
+            'Build the metric from sums and counts, as the '
+            'tf.compat.v1.metrics functions are, or evaluate on one '
+            'device.'.format(
+                _metric_key(metrics, write), reason))
+
+
+def _op(tensor_or_op):
+  return getattr(tensor_or_op, 'op', tensor_or_op)
+
+
+def _cone(ops):
+  """`ops` and every op they depend on (data and control inputs)."""
+  seen = set(ops)
+  pending = list(ops)
+  while pending:
+    op = pending.pop()
+    for dependency in [t.op for t in op.inputs] + list(op.control_inputs):
+      if dependency not in seen:
+        seen.add(dependency)
+        pending.append(dependency)
+  return seen
+
+
+def _reads_of(variable_ops, cone):
+  """The ops of `cone` whose outputs depend on those variables' values."""
+  seen = set()
+  pending = list(variable_ops)
+  while pending:
+    op = pending.pop()
+    for consumer in (c for t in op.outputs for c in t.consumers()):
+      if consumer in cone and consumer not in seen:
+        seen.add(consumer)
+        pending.append(consumer)
+  return seen
+
+
+def _amount_inputs(write):
+  """What a write adds besides the variable: its inputs after the first,
+  and those of the ops forwarding the variable to it (a cond's predicate)."""
+  inputs = list(write.inputs[1:])
+  op = write.inputs[0].op
+  while op.type in op_kinds.VARIABLE_FORWARD_OP_TYPES:
+    inputs.extend(op.inputs[1:])
+    op = op.inputs[0].op
+  return inputs
+
+
+def per_batch_metrics(metrics, metric_variables, inputs):
+  """`{key: scalar}`: tower 0's metrics that add one term per call.
+
+  A write of such a metric adds an amount reduced (`Sum`, `Size`, ...) from
+  a scalar computed from the batch, e.g. `tf.metrics.mean(loss)`: its total
+  gains the tower's loss and its count 1, where a per-row metric
+  (`tf.metrics.mean(per_example_loss)`) reduces a tensor of the tower's rows.
+  """
+  cone = _cone([_op(update) for _, update in metrics.values()])
+  input_ops = set(t.op for t in inputs)
+  found = {}
+  for variable in metric_variables:
+    for write in op_kinds.variable_writes(variable.op, cone):
+      scalar = _reduced_scalar(write)
+      if scalar is not None and input_ops & _cone([scalar.op]):
+        found.setdefault(_metric_key([metrics], write), scalar)
+  return found
+
+
+def _reduced_scalar(write):
+  """The first scalar that a write's amount is reduced from, if any."""
+  pending = list(_amount_inputs(write))
+  seen = set()
+  while pending:
+    op = pending.pop().op
+    if op in seen:
+      continue
+    seen.add(op)
+    if op.type in _REDUCTIONS:
+      if op.inputs[0].shape.ndims == 0:
+        return op.inputs[0]
+      continue  # a reduction of rows, or of a tensor of unknown rank
+    pending.extend(t for t in op.inputs if not op_kinds.is_variable(t))
+  return None
+
+
+def even_rows_checks(per_batch, tower_rows, device):
+  """`[assertion]` that the towers' rows are equal, where metrics need it.
+
+  Rows go to towers as evenly as they can, the first ones getting the
+  extra rows, so the first and the last tower have equal rows only when all
+  do.
+  """
+  if not per_batch:
+    return []
+  num_towers = len(tower_rows)
+  with tf1.device(device), tf1.name_scope('per_batch_metric_check'):
+    return [tf1.assert_equal(
+        tower_rows[0], tower_rows[-1],
+        data=['Rows per tower:'] + list(tower_rows),
+        message=(
+            'Metrics {} take a per-batch value (a scalar of the batch, such '
+            'as its loss), so each of the {} towers adds one term for its '
+            'shard: one device\'s value only when the shards are equal, and '
+            'this batch does not divide by {}. Make every evaluation batch a '
+            'multiple of {} rows (e.g. batch(..., drop_remainder=True)), or '
+            'compute these metrics from per-row values (e.g. '
+            'tf.compat.v1.metrics.mean of the per-example losses, from '
+            'Reduction.NONE).'.format(sorted(per_batch), num_towers,
+                                      num_towers, num_towers)))]
+
+
+def _starts_at_zero(variable):
+  value = tf.get_static_value(variable.initial_value)
+  return value is not None and not value.any()
+
+
+def _metric_key(metrics, write):
+  for tower in metrics:
+    for key, (_, update) in sorted(tower.items()):
+      if write in _cone([_op(update)]):
+        return key
+  return None  # pragma: no cover (every write checked is in some cone)
