@@ -103,8 +103,8 @@ class GraphCopier(object):
   def own_variables(self, variables, collections, on_tower_devices=False):
     """Gives every copied tower its own copy of some tower-0 variables.
 
-    Each tower gets a new variable per given one (same dtype, shape and
-    initial value, named under the tower's scope); copies of tower 0's ops
+    Each tower gets a new variable per given one (same dtype, shape,
+    initial value and constraint, named under the tower's scope); copies of tower 0's ops
     that read or write a given variable read and write the tower's own
     instead. Used for metric variables (each tower counts its own shard, and
     no two towers update one variable) and for `VariablePlacement.REPLICATED`
@@ -129,7 +129,7 @@ class GraphCopier(object):
             initial_value=variable.initial_value,
             resource=variable.op.type == 'VarHandleOp', trainable=False,
             collections=list(collections), colocate_with=None,
-            wrap_initial_value=False)
+            wrap_initial_value=False, constraint=variable.constraint)
         for tower_id in range(1, len(self._devices))
         for variable in variables]
     if all(bulk_variables.can_copy(variable) for variable in variables):
@@ -155,7 +155,7 @@ class GraphCopier(object):
               spec.initial_value, trainable=False,
               collections=spec.collections, name=spec.name,
               dtype=spec.initial_value.dtype.base_dtype,
-              use_resource=spec.resource))
+              use_resource=spec.resource, constraint=spec.constraint))
     return made
 
   def map_variables(self, variables, per_tower):

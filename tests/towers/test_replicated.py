@@ -46,8 +46,13 @@ def _model_fn(features, labels, mode, params):
       net = tf.keras.layers.Dense(4, activation=tf.nn.tanh,
                                   kernel_initializer=init, name=name)(net)
     else:
+      # The constraint binds: glorot weights of a 4x4 kernel reach 0.87.
+      constraint = (
+          (lambda w: tf.clip_by_value(w, -0.3, 0.3))
+          if params.get('constraint') and name == 'second' else None)
       net = tf1.layers.dense(net, 4, activation=tf.nn.tanh,
-                             kernel_initializer=init, name=name)
+                             kernel_initializer=init, name=name,
+                             kernel_constraint=constraint)
   logits = tf1.layers.dense(
       net, 1, kernel_initializer=tf1.glorot_uniform_initializer(seed=9),
       name='logits')
@@ -129,6 +134,24 @@ class ReplicatedTest(tf.test.TestCase, parameterized.TestCase):
                           msg=name)
     # Training moved the weights: an untrained model would also "agree".
     self.assertEqual(replicated['global_step'], 4)
+
+  @parameterized.parameters('sgd', 'adam')
+  def test_constraints_apply_to_every_copy(self, optimizer):
+    # The optimizer projects each variable with its constraint after the
+    # update: every tower's copy too, or towers 1.. train on unclipped
+    # weights from step 2 on.
+    params = {'optimizer': optimizer, 'constraint': True}
+    one = _checkpoint(self._train(4, params, **_ONE))
+    hook = _CopiesHook()
+    replicated = _checkpoint(self._train(4, params, hooks=[hook],
+                                         **_REPLICATED))
+    for name in one:
+      self.assertAllClose(one[name], replicated[name], rtol=1e-5, atol=1e-6,
+                          msg=name)
+    kernel = hook.values['second/kernel']
+    self.assertAllClose(0.3, np.max(np.abs(kernel[0])))  # it binds
+    for copy in kernel[1:]:
+      self.assertAllEqual(kernel[0], copy)
 
   # SGD and Momentum too: Adam's step does not change with the gradient's
   # scale, so a sum scaled by 1/N (or N) would show only with them.
