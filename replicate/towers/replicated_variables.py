@@ -16,8 +16,12 @@ all copies, so that per-call state such as Adam's beta powers advances once.
 Non-trainable variables (the global step, moving statistics) stay single,
 as tower 0's.
 """
+import tensorflow as tf
+
+from replicate import _compat
 from replicate import errors
 from replicate._compat import tf1
+from replicate.core import op_kinds
 from replicate.graph_copy import bulk_variables
 
 _COPY_COLLECTIONS = (tf1.GraphKeys.LOCAL_VARIABLES,)
@@ -41,6 +45,7 @@ class ReplicatedVariables(object):
     self._existing = set()  # ids of trainable variables not tower 0's
     self._copies = {}  # tower-0 variable op name -> [variable per tower]
     self._pairs = []   # (tower-0 variable, copy) set at session start
+    self._updates = set()  # the ops of the optimizer's one update
 
   def note_existing(self, variables):
     """Records the trainable variables that exist before tower 0 is built.
@@ -79,6 +84,41 @@ class ReplicatedVariables(object):
       self._copies[variable.op.name] = [tower[index] for tower in per_tower]
     for tower in per_tower[1:]:
       self._pairs.extend(zip(variables, tower))
+
+  def note_updates(self, ops):
+    """Records the ops of the optimizer's update of every copy."""
+    self._updates.update(ops)
+
+  def check_writes(self):
+    """Raises if anything but the optimizer writes a copied variable.
+
+    Every tower keeps its own copy, and the copies stay equal because only
+    the one update of all of them (and their constraints) writes them.
+    Another write in tower 0 (a counter of rows in the forward pass, a
+    projection after `minimize`) would reach one copy, or each tower's copy
+    its own, where a `model_fn` call per tower writes the one variable.
+
+    TF 2 functions that get a variable's handle (a `While` body) are not
+    looked into: a write there is not found.
+
+    Raises:
+      InvalidArgumentError: naming the variable, the op and the fixes.
+    """
+    for name in sorted(self._copies):
+      variable = self._copies[name][0]
+      for write in op_kinds.variable_writes(variable.op):
+        if (write in self._updates or write is variable.initializer or
+            _calls_a_function(write)):
+          continue
+        raise errors.InvalidArgumentError(
+            'variable_placement=REPLICATED keeps one copy of trainable '
+            'variable {} per tower, equal because only the optimizer\'s '
+            'update writes them; but op {} ({}) writes it too, and would '
+            'write one copy only, or each tower its own. Make the variable '
+            'non-trainable (trainable=False: one variable, written by every '
+            'tower), project it with a variable constraint '
+            '(kernel_constraint=...), or use VariablePlacement.'
+            'CONSOLIDATION_DEVICE.'.format(name, write.name, write.type))
 
   def copy_of(self, tower_id, variable):
     """Tower `tower_id`'s copy of tower 0's `variable` (itself if none)."""
@@ -147,6 +187,31 @@ class ReplicatedVariables(object):
       global_variables[:] = [v for v in global_variables
                              if id(v) not in leaving]
 
+  def scaffold_initializing_copies(self, scaffold):
+    """`scaffold`, with the copies in the `local_init_op` `model_fn` gave.
+
+    The copies and their slots are local variables, made after `model_fn`
+    returned tower 0's spec: TF's default `local_init_op` (made when the
+    session starts) initializes them, but one that `model_fn` set did not
+    know them, and the session would never be ready.
+
+    Args:
+      scaffold: the spec's `tf.compat.v1.train.Scaffold`, or None.
+
+    Returns:
+      `scaffold` itself where it sets no `local_init_op`, else a copy whose
+      `local_init_op` also runs the copies' initializers.
+    """
+    if scaffold is None or scaffold.local_init_op is None or not self._pairs:
+      return scaffold
+    with tf1.name_scope('replicated_copies'):
+      local_init_op = tf.group(
+          scaffold.local_init_op,
+          tf1.variables_initializer([copy for _, copy in self._pairs]),
+          name='local_init_op')
+    return tf1.train.Scaffold(local_init_op=local_init_op,
+                              copy_from_scaffold=scaffold)
+
   def sync_hook(self):
     """A `SessionRunHook` setting every copy from tower 0's at session start.
 
@@ -156,6 +221,12 @@ class ReplicatedVariables(object):
     if not self._pairs:
       return None
     return _SyncHook(self._pairs)
+
+
+def _calls_a_function(op):
+  """Whether `op` runs a library function (TF 2 control flow, a call)."""
+  return (op.type in op_kinds.FUNCTION_CALL_OP_TYPES or
+          _compat.is_graph_function(op.graph, op.type))
 
 
 # The most bytes of tower-0 values the sync holds on the host at once.

@@ -209,8 +209,19 @@ def _check_copied(replicated, per_tower_reason):
 
 
 def _with_sync_hook(spec, mode, replicated):
-  """`spec` with the hook that sets the towers' copies at session start."""
-  hook = replicated.sync_hook() if replicated is not None else None
+  """`spec` with the hook that sets the towers' copies at session start,
+  and a `local_init_op` of `model_fn`'s that initializes them.
+
+  Raises:
+    InvalidArgumentError: if `model_fn` writes a replicated variable (see
+      `ReplicatedVariables.check_writes`).
+  """
+  if replicated is None:
+    return spec
+  replicated.check_writes()
+  spec = spec._replace(
+      scaffold=replicated.scaffold_initializing_copies(spec.scaffold))
+  hook = replicated.sync_hook()
   if hook is None:
     return spec
   field = {ModeKeys.TRAIN: 'training_hooks', ModeKeys.EVAL: 'evaluation_hooks',

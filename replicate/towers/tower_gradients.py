@@ -182,10 +182,11 @@ def _apply_replicated(replication, optimizer, tower_grads, global_step, name,
     reduced = [[(_decompressed(grad, contexts, var, settings), var)
                 for grad, var in pairs] for pairs in reduced]
   replicated.make_slots(optimizer, reduced)
-  train_op = apply_once(optimizer, [pair for pairs in reduced
-                                    for pair in pairs],
-                        global_step, name, settings,
-                        replication.loss_reduction)
+  train_op, update_ops = gradient_gating.ops_created_by(
+      replication.graph, lambda: apply_once(
+          optimizer, [pair for pairs in reduced for pair in pairs],
+          global_step, name, settings, replication.loss_reduction))
+  replicated.note_updates(update_ops)
   replicated.adopt_slots(optimizer, reduced)
   return train_op
 

@@ -56,8 +56,13 @@ def _model_fn(features, labels, mode, params):
   logits = tf1.layers.dense(
       net, 1, kernel_initializer=tf1.glorot_uniform_initializer(seed=9),
       name='logits')
+  # A local_init_op of model_fn's own: made before the towers' copies.
+  scaffold = lambda: tf1.train.Scaffold(local_init_op=tf.group(
+      tf1.local_variables_initializer(),
+      tf1.tables_initializer())) if params.get('scaffold') else None
   if mode == tf1.estimator.ModeKeys.PREDICT:
-    return tf1.estimator.EstimatorSpec(mode, predictions={'logits': logits})
+    return tf1.estimator.EstimatorSpec(mode, predictions={'logits': logits},
+                                       scaffold=scaffold())
   loss = tf1.losses.sigmoid_cross_entropy(labels, logits)
   optimizer = replicate.TowerOptimizer(
       _OPTIMIZERS[params.get('optimizer', 'sgd')],
@@ -65,7 +70,8 @@ def _model_fn(features, labels, mode, params):
   train_op = optimizer.minimize(loss, tf1.train.get_global_step())
   metrics = {'mean_logit': tf1.metrics.mean(logits)}
   return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op,
-                                     eval_metric_ops=metrics)
+                                     eval_metric_ops=metrics,
+                                     scaffold=scaffold())
 
 
 def _estimator(model_dir, params=None, **replicate_kwargs):
@@ -204,10 +210,14 @@ class ReplicatedTest(tf.test.TestCase, parameterized.TestCase):
       self.assertAllClose(expected[name], resumed[name], rtol=1e-5,
                           atol=1e-6, msg=name)
 
-  def test_eval_and_predict_as_one_device(self):
-    model_dir = self._train(3, {'optimizer': 'momentum'}, **_REPLICATED)
-    one = _estimator(model_dir, {}, **_ONE)
-    replicated = _estimator(model_dir, {}, **_REPLICATED)
+  @parameterized.parameters({}, {'scaffold': True})
+  def test_eval_and_predict_as_one_device(self, **params):
+    # With model_fn's own local_init_op, the copies (local variables made
+    # after it) must still be initialized, in every mode.
+    model_dir = self._train(3, dict(params, optimizer='momentum'),
+                            **_REPLICATED)
+    one = _estimator(model_dir, params, **_ONE)
+    replicated = _estimator(model_dir, params, **_REPLICATED)
     self.assertAllClose(one.evaluate(_input_fn(), steps=2),
                         replicated.evaluate(_input_fn(), steps=2), rtol=1e-5)
     x, _ = _rows(16)
@@ -388,6 +398,55 @@ class ReplicatedMisuseTest(tf.test.TestCase):
     with self.assertRaisesRegex(errors.InvalidArgumentError,
                                 'SyncReplicasOptimizer'):
       estimator.train(_input_fn(), steps=1)
+
+  def _train_writing(self, write, trainable=True):
+    """Trains 1 step of a model_fn that writes a variable with `write`."""
+
+    def model_fn(features, labels, mode):
+      seen = tf1.get_variable('seen', [], trainable=trainable,
+                              initializer=tf1.zeros_initializer())
+      x = features['x']
+      if write == 'forward':  # a counter of rows in the forward pass
+        with tf1.control_dependencies([tf1.assign_add(
+            seen, tf.cast(tf.shape(x)[0], tf.float32))]):
+          x = tf.identity(x)
+      logits = tf1.layers.dense(x, 1, name='out')
+      loss = tf1.losses.sigmoid_cross_entropy(labels, logits)
+      train_op = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1)).minimize(
+              loss, tf1.train.get_global_step())
+      if write == 'after_minimize':  # a projection after the update
+        kernel = tf1.trainable_variables('out/kernel')[0]
+        with tf1.control_dependencies([train_op]):
+          train_op = kernel.assign(tf.clip_by_value(kernel, -0.1, 0.1))
+      return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    model_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+    tf1.estimator.Estimator(
+        replicate.replicate_model_fn(model_fn, **_REPLICATED),
+        model_dir=model_dir,
+        config=tf1.estimator.RunConfig(
+            session_config=replicate.testing.virtual_cpu_config(
+                _NUM_CPUS))).train(_input_fn(), steps=1)
+    return _checkpoint(model_dir)
+
+  def test_writes_besides_the_optimizer_are_refused(self):
+    # Each would reach tower 0's copy only (after minimize), or each
+    # tower's own copy (forward pass), where DEFAULT writes one variable.
+    # (AssignAddVariableOp and AssignVariableOp on TF 2's resource variables.)
+    for write, name, op_type in [('forward', 'seen', 'AssignAdd'),
+                                 ('after_minimize', 'out/kernel', 'Assign')]:
+      with self.assertRaisesRegex(
+          errors.InvalidArgumentError,
+          r'REPLICATED keeps one copy of trainable variable {} per tower.*'
+          r'\({}(VariableOp)?\) writes it too.*trainable=False.*'
+          r'kernel_constraint'.format(name, op_type)):
+        self._train_writing(write)
+
+  def test_non_trainable_variables_written_by_every_tower(self):
+    # Not copied: the one counter counts every tower's rows, 16 a step.
+    self.assertEqual(16, self._train_writing('forward', trainable=False)[
+        'seen'])
 
 
 if __name__ == '__main__':
