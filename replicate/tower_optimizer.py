@@ -39,6 +39,16 @@ def _check_not_keras(value, what):
           what, name, type(value).__module__, fix))
 
 
+def _check_not_tower_optimizer(value, what):
+  """Raises if `value` is a `TowerOptimizer`: wrapped twice, every tower's
+  gradients would be scaled and gathered twice."""
+  if isinstance(value, TowerOptimizer):
+    raise errors.InvalidTypeError(
+        '{} a TowerOptimizer ({}); wrap the optimizer once: '
+        'TowerOptimizer(optimizer).'.format(
+            what, value.get_name()))
+
+
 # Keras optimizer -> its tf.compat.v1.train counterpart, for the message.
 _V1_OPTIMIZERS = {
     'SGD': 'GradientDescentOptimizer (or MomentumOptimizer)',
@@ -84,11 +94,14 @@ class TowerOptimizer(tf1.train.Optimizer):
 
     Raises:
       InvalidTypeError: if the optimizer is neither an optimizer nor callable,
-        `accumulation_steps` is not an integer, or `compression` is not a
-        `replicate.Compression` compressor.
+        is a `TowerOptimizer` or a Keras optimizer, `accumulation_steps` is
+        not an integer, or `compression` is not a `replicate.Compression`
+        compressor.
       InvalidArgumentError: if `accumulation_steps` is below 1.
     """
     _check_not_keras(optimizer_or_optimizer_fn, 'TowerOptimizer got')
+    _check_not_tower_optimizer(optimizer_or_optimizer_fn,
+                               'TowerOptimizer got')
     if not isinstance(optimizer_or_optimizer_fn, tf1.train.Optimizer) and (
         not callable(optimizer_or_optimizer_fn)):
       raise errors.InvalidTypeError(
@@ -137,6 +150,8 @@ class TowerOptimizer(tf1.train.Optimizer):
       optimizer = self._optimizer_or_optimizer_fn()
       _check_not_keras(optimizer, 'The optimizer_fn given to TowerOptimizer '
                        'returned')
+      _check_not_tower_optimizer(
+          optimizer, 'The optimizer_fn given to TowerOptimizer returned')
       if not isinstance(optimizer, tf1.train.Optimizer):
         raise errors.InvalidTypeError(
             'The optimizer_fn given to TowerOptimizer must return a '

@@ -128,6 +128,8 @@ class Replication(object):
     self.loss_reduction = loss_reduction
     self.replicated = replicated
     self.tower_rows = None
+    # Towers that called TowerOptimizer.compute_gradients (tower ids).
+    self.towers_computing = set()
     self.batch_size = None
     self.tower = None
     self.cloner = None

@@ -38,6 +38,7 @@ def compute_gradients(replication, optimizer, loss, var_list, kwargs):
         'TowerOptimizer.compute_gradients needs the loss tensor in graph '
         'mode, got the callable {!r}; pass the tensor instead.'.format(loss))
   gradient_gating.check_gate_gradients(kwargs)
+  replication.towers_computing.add(replication.tower.tower_id)
   if replication.tower.tower_id == tower_collections.UPDATE_TOWER_ID:
     return _tower_gradients(replication, optimizer, loss, var_list, kwargs)
   # The other towers keep their update ops out of the step: neither the
@@ -62,9 +63,21 @@ def apply_gradients(replication, optimizer, grads_and_vars, global_step,
 
   Raises:
     InvalidArgumentError: if the towers do not make the same optimizer
-      calls, or a `SyncReplicasOptimizer` is used under `REPLICATED`.
+      calls, if this tower computed no gradients with `TowerOptimizer`, or
+      for an optimizer `REPLICATED` cannot apply (`_check_replicable`).
   """
   grads_and_vars = list(grads_and_vars)
+  if (replication.num_towers > 1 and
+      replication.tower.tower_id not in replication.towers_computing):
+    raise errors.InvalidArgumentError(
+        'TowerOptimizer.apply_gradients got gradients that no '
+        'TowerOptimizer.compute_gradients (or minimize) of this tower '
+        'computed, e.g. from tf.gradients: those differentiate the tower\'s '
+        'unscaled loss, so the sum over the {} towers would apply {} times '
+        'one device\'s step. Compute them with TowerOptimizer.'
+        'compute_gradients (and transform them as you like before '
+        'apply_gradients), or call minimize.'.format(
+            replication.num_towers, replication.num_towers))
   if replication.num_towers == 1:
     if replication.replicated is None:
       return apply_once(optimizer, grads_and_vars, global_step, name,
@@ -237,7 +250,9 @@ def _check_replicable(optimizer):
 
   Raises:
     InvalidArgumentError: for a `SyncReplicasOptimizer`, whose shared queues
-      and accumulators need parameter servers.
+      and accumulators need parameter servers, and for any other optimizer
+      overriding `apply_gradients` (a wrapper), which would see every copy's
+      gradients in the one call.
   """
   if isinstance(optimizer, tf1.train.SyncReplicasOptimizer):
     raise errors.InvalidArgumentError(
@@ -245,6 +260,16 @@ def _check_replicable(optimizer):
         'SyncReplicasOptimizer ({}) aggregates them on parameter servers. '
         'Pass its wrapped optimizer to TowerOptimizer, or use '
         'VariablePlacement.PARAMETER_SERVERS.'.format(optimizer.get_name()))
+  if type(optimizer).apply_gradients is not tf1.train.Optimizer.apply_gradients:
+    raise errors.InvalidArgumentError(
+        'variable_placement=REPLICATED applies the gradients of every '
+        'tower\'s copies in one apply_gradients call of the wrapped '
+        'optimizer, but {} ({}) overrides apply_gradients: a wrapper that '
+        'looks at all the gradients at once (a global norm to clip by, a '
+        'loss scale) would see N copies of each. Transform the gradients '
+        'between TowerOptimizer.compute_gradients and apply_gradients, or '
+        'use VariablePlacement.CONSOLIDATION_DEVICE.'.format(
+            optimizer.get_name(), type(optimizer).__name__))
 
 
 def _tensors_of(gradients):

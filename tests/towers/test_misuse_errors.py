@@ -119,6 +119,29 @@ class ArgumentErrorsTest(tf.test.TestCase):
         optimizer.compute_gradients(tf.constant(1.))
 
 
+class _ClipByGlobalNorm(tf1.train.GradientDescentOptimizer):
+  """A wrapper-style optimizer: clips by the global norm in apply_gradients
+  (as tf.contrib.estimator.clip_gradients_by_norm's optimizer does)."""
+
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    grads, variables = zip(*grads_and_vars)
+    grads, _ = tf.clip_by_global_norm(grads, 0.1)
+    return super(_ClipByGlobalNorm, self).apply_gradients(
+        zip(grads, variables), global_step, name)
+
+
+def _train_estimator(model_fn, devices, **kwargs):
+  """One step of `model_fn` replicated on `devices`, through an Estimator."""
+  x = np.arange(24, dtype=np.float32).reshape([8, 3]) / 10.0
+  estimator = tf1.estimator.Estimator(
+      replicate.replicate_model_fn(model_fn, devices=devices, **kwargs),
+      config=tf1.estimator.RunConfig(
+          session_config=replicate.testing.virtual_cpu_config(4)))
+  estimator.train(lambda: tf1.data.Dataset.from_tensors(({'x': x}, x[:, :1])),
+                  steps=1)
+  return estimator
+
+
 def _extra_optimizer_call_in(tower_id):
   """A model_fn whose tower `tower_id` makes one more optimizer call."""
 
@@ -177,6 +200,61 @@ class ModelFnErrorsTest(tf.test.TestCase):
         ValueError, 'Please wrap optimizers with replicate.TowerOptimizer'):
       _build(model_fn, mt.cpus(2))
     _build(model_fn, mt.cpus(1))  # one device: a plain optimizer is fine
+
+  def test_gradients_not_computed_by_tower_optimizer(self):
+    # tf.gradients of the unscaled tower loss: 4 towers' sum would apply 4
+    # times one device's step (contrib refused this too).
+    def model_fn(features, labels, mode):
+      w = tf1.get_variable('w', [3, 1])
+      loss = tf.reduce_mean(tf.square(tf.matmul(features['x'], w) - labels))
+      grads = tf.gradients(loss, [w])
+      train_op = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1)).apply_gradients(
+              zip(grads, [w]), tf1.train.get_global_step())
+      return _spec(mode, loss, train_op)
+
+    for placement in (replicate.VariablePlacement.CONSOLIDATION_DEVICE,
+                      replicate.VariablePlacement.REPLICATED):
+      with self.assertRaisesRegex(
+          ValueError,
+          r'apply_gradients got gradients that no TowerOptimizer\.'
+          r'compute_gradients \(or minimize\) of this tower computed, e\.g\. '
+          r'from tf\.gradients.*apply 4 times one device'):
+        _train_estimator(model_fn, mt.cpus(4), variable_placement=placement)
+    _train_estimator(model_fn, mt.cpus(1))  # one device: nothing to scale
+
+  def test_tower_optimizer_wrapped_twice(self):
+    sgd = tf1.train.GradientDescentOptimizer(0.1)
+    with self.assertRaisesRegex(TypeError, r'TowerOptimizer got a '
+                                r'TowerOptimizer .*wrap the optimizer once'):
+      replicate.TowerOptimizer(replicate.TowerOptimizer(sgd))
+    optimizer = replicate.TowerOptimizer(
+        lambda: replicate.TowerOptimizer(sgd))
+    with tf.Graph().as_default():
+      with self.assertRaisesRegex(
+          TypeError, r'optimizer_fn given to TowerOptimizer returned a '
+          r'TowerOptimizer'):
+        optimizer.compute_gradients(tf.constant(1.))
+
+  def test_replicated_refuses_optimizers_overriding_apply_gradients(self):
+    # One apply_gradients call gets all 4 copies' gradients: the global norm
+    # would be 2 = sqrt(4) times one device's.
+    def model_fn(features, labels, mode):
+      w = tf1.get_variable('w', [3, 1])
+      loss = tf.reduce_mean(tf.square(tf.matmul(features['x'], w) - labels))
+      train_op = replicate.TowerOptimizer(_ClipByGlobalNorm(0.1)).minimize(
+          loss, tf1.train.get_global_step())
+      return _spec(mode, loss, train_op)
+
+    with self.assertRaisesRegex(
+        ValueError, r'REPLICATED applies the gradients of every tower\'s '
+        r'copies in one apply_gradients call .*\(_ClipByGlobalNorm\) '
+        r'overrides apply_gradients'):
+      _train_estimator(model_fn, mt.cpus(4),
+                       variable_placement=replicate.VariablePlacement.REPLICATED)
+    _train_estimator(
+        model_fn, mt.cpus(4),
+        variable_placement=replicate.VariablePlacement.CONSOLIDATION_DEVICE)
 
   def test_different_optimizer_calls(self):
     model_fn = _extra_optimizer_call_in(tower_id=0)
