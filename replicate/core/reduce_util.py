@@ -69,7 +69,8 @@ def as_reduce_op(aggregation):
     return ReduceOp.from_variable_aggregation(
         as_variable_aggregation(aggregation))
   raise errors.InvalidArgumentError(
-      'Cannot reduce with {!r}: the reduction must be replicate.ReduceOp.SUM '
+      '`reduce_op` must be Reduce.SUM or Reduce.MEAN. Cannot reduce with '
+      '{!r}: the reduction must be replicate.ReduceOp.SUM '
       '/ MEAN, tf.distribute.ReduceOp.SUM / MEAN or tf.VariableAggregation.SUM '
       '/ MEAN.'.format(aggregation))
 

@@ -204,13 +204,13 @@ for _name in OPERATORS:
 del _name
 
 
-def _device_of_graph_object(obj, what):
+def _device_of_graph_object(obj, what, prefix=''):
   device = device_util.resolve(obj.device)
   if device is None:
     raise errors.InvalidArgumentError(
-        'The {} {} has no device, so it cannot name where results go; create '
-        'it inside tf.device(...) or pass device strings.'.format(
-            what, obj.name))
+        '{}The {} {} has no device, so it cannot name where results go; '
+        'create it inside tf.device(...) or pass device strings.'.format(
+            prefix, what, obj.name))
   return device
 
 
@@ -232,20 +232,23 @@ def get_devices_from(destinations):
   """
   if destinations is None:
     raise errors.InvalidArgumentError(
-        'destinations is None; pass a device string, a list of them, a '
+        'destinations can not be empty: destinations is None; pass a device '
+        'string, a list of them, a '
         'PerDevice/Mirrored value or a variable.')
   if isinstance(destinations, DistributedValues):
     return destinations.devices
   if isinstance(destinations, str):
     if not destinations:
       raise errors.InvalidArgumentError(
-          'destinations is an empty string; pass a device such as '
+          'destinations can not be empty: destinations is an empty string; '
+          'pass a device such as '
           '"/device:CPU:0".')
     return (device_util.canonicalize(destinations),)
   if isinstance(destinations, (list, tuple)):
     if not destinations:
       raise errors.InvalidArgumentError(
-          'destinations is an empty {}; name at least one device.'.format(
+          'destinations can not be empty: destinations is an empty {}; name '
+          'at least one device.'.format(
               type(destinations).__name__))
     result = []
     for d in destinations:
@@ -257,14 +260,16 @@ def get_devices_from(destinations):
       if d not in result:
         result.append(d)
     return tuple(result)
+  empty = 'destinations can not be empty: '  # TF's phrase
   if isinstance(destinations, tf.Variable):
-    return (_device_of_graph_object(destinations, 'variable'),)
+    return (_device_of_graph_object(destinations, 'variable', empty),)
   if isinstance(destinations, (tf.Tensor, tf.IndexedSlices)):
-    return (_device_of_graph_object(destinations, 'tensor'),)
+    return (_device_of_graph_object(destinations, 'tensor', empty),)
   raise errors.InvalidArgumentTypeError(
-      'destinations must be a device string, a list of them, a '
-      'PerDevice/Mirrored value, a variable or a placed tensor; got {!r} of '
-      'type {}.'.format(destinations, type(destinations).__name__))
+      'destinations must be one of a `DistributedValues` object, a '
+      'tf.Variable object, or a device string (or a list of device strings, '
+      'or a placed tensor); got {!r} of type {}.'.format(
+          destinations, type(destinations).__name__))
 
 
 def as_per_device(value):

@@ -164,18 +164,22 @@ class ValuesTest(tf.test.TestCase):
           values.Mirrored({'/cpu:1': 1})), (_CPU1,))
       self.assertEqual(values.get_devices_from(var), (_CPU1,))
       self.assertEqual(values.get_devices_from(t), (_CPU1,))
+      # TF's phrase first, then what is wrong.
       for bad, message in [(None, 'destinations is None'),
                            ('', 'destinations is an empty string'),
                            ([], 'destinations is an empty list'),
                            ((), 'destinations is an empty tuple'),
                            (unplaced, 'The tensor Const_1:0 has no device')]:
+        message = 'destinations can not be empty: ' + message
         with self.assertRaisesRegex(errors.InvalidArgumentError, message):
           values.get_devices_from(bad)
       with self.assertRaisesRegex(errors.InvalidTypeError,
                                   'must hold device strings, got 3'):
         values.get_devices_from(['/cpu:0', 3])
-      with self.assertRaisesRegex(errors.InvalidTypeError,
-                                  'destinations must be a device string'):
+      with self.assertRaisesRegex(
+          errors.InvalidTypeError, 'destinations must be one of a '
+          '`DistributedValues` object, a tf.Variable object, or a device '
+          'string'):
         values.get_devices_from(3.5)
 
   def test_as_per_device(self):

@@ -259,7 +259,9 @@ class DefaultStrategyMethodsTest(tf.test.TestCase):
   def test_bad_arguments(self):
     extended = replicate.get_strategy().extended
     with self.assertRaisesRegex(errors.InvalidArgumentError,
-                                'Cannot reduce with .*ReduceOp.SUM'):
+                                r'`reduce_op` must be Reduce.SUM or '
+                                r'Reduce.MEAN. Cannot reduce with .*'
+                                r'ReduceOp.SUM'):
       extended.reduce_to('sum', 1.0, '/cpu:0')
     with self.assertRaisesRegex(errors.InvalidArgumentError,
                                 "destinations is ''; name at least one"):
