@@ -32,3 +32,7 @@ class ContextError(Error, RuntimeError):
 
 class UnavailableError(Error, RuntimeError):
   """A task of the cluster could not be reached within the time allowed."""
+
+
+class ContextArgumentError(ContextError, InvalidArgumentError):
+  """A `ContextError` where tf.distribute raises `ValueError`: both."""

@@ -170,9 +170,10 @@ class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):
     is updated with the result, as a cross-replica assignment would.
 
     Raises:
-      ContextError: if the variable's aggregation is NONE (each replica
-        would assign its own value and the copies would differ), or it
-        refuses assignments in replicas.
+      ContextArgumentError: (a `ContextError` and the `ValueError` TF
+        raises) if the variable's aggregation is NONE (each replica
+        would assign its own value and the copies would differ).
+      ContextError: for a variable that refuses assignments in replicas.
     """
     aggregation = reduce_util.as_variable_aggregation(
         self.primary.aggregation)
@@ -186,7 +187,9 @@ class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):
           'metrics outside the replicas, on the values the replicas '
           'return.'.format(where))
     if aggregation == tf.VariableAggregation.NONE:
-      raise errors.ContextError(
+      raise errors.ContextArgumentError(
+          'You must specify an aggregation method to update a '
+          'MirroredVariable in Replica Context. '  # TF 1.15's phrase
           '{}, and the variable has no aggregation: assigning one copy would '
           'make the copies differ. Create it with aggregation='
           'tf.VariableAggregation.SUM, MEAN or ONLY_FIRST_REPLICA (every '

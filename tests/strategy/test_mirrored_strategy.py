@@ -210,13 +210,17 @@ class MirroredVariableTest(tf.test.TestCase):
     with tf.Graph().as_default():
       with strategy.scope():
         v = tf1.Variable(0.0, name='v')
+      # A ContextError, and the ValueError TF 1.15 raises, with its phrase.
       with self.assertRaisesRegex(
-          errors.ContextError,
+          ValueError,
+          r'^You must specify an aggregation method to update a '
+          r'MirroredVariable in Replica Context\. '
           r'MirroredVariable.assign_add of v was called inside replica 0 of '
           r'its strategy, and the variable has no aggregation.*'
           r'aggregation=tf.VariableAggregation.SUM, MEAN or '
-          r'ONLY_FIRST_REPLICA.*merge_call'):
+          r'ONLY_FIRST_REPLICA.*merge_call') as raised:
         strategy.experimental_run_v2(lambda: v.assign_add(1.0))
+      self.assertIsInstance(raised.exception, errors.ContextError)
 
   def test_synchronization_none_is_an_error_as_in_tf(self):
     strategy = _strategy()
