@@ -439,6 +439,36 @@ def save_slice_info(variable):
   return getattr(variable, '_save_slice_info', None)
 
 
+# At most how many ops TF 1.15 makes after deriving a random op's seed from
+# the graph and before the op: 1 for each of its random ops
+# (`random_uniform`, `dropout`, `truncated_normal`, `multinomial`,
+# `random_shuffle`, the candidate samplers, ...).
+_DERIVED_SEED_GAP = 4
+
+
+def has_derived_seed(op, seed2):
+  """Whether random op `op`'s `seed2` is one TF derived from its graph.
+
+  Under a graph seed, a random op made without an op seed gets a `seed2`
+  from the graph (`tf.compat.v1.get_seed`): on TF 1.15 the id of the op
+  made just before it, on TF 2.15 a count of the seeds derived so far in
+  the graph. Another `model_fn` call derives others; an explicit op seed is
+  the same in every call. An explicit seed that equals a derivable one
+  (TF 1.15: an id just below the op's; TF 2.15: below the count) is taken
+  for derived.
+
+  Args:
+    op: a top-level random op (not inside a function).
+    seed2: its `seed2` attribute.
+  """
+  if IS_TF2:
+    from tensorflow.python.framework import random_seed  # pylint: disable=g-import-not-at-top
+    derived = random_seed._graph_to_seed_dict.get(op.graph, 0)  # pylint: disable=protected-access
+    return seed2 < derived
+  op_id = op._id  # pylint: disable=protected-access
+  return op_id - _DERIVED_SEED_GAP <= seed2 < op_id
+
+
 def is_graph_function(graph, name):
   """Whether `graph`'s function library holds a function named `name`."""
   return graph._is_function(name)  # pylint: disable=protected-access

@@ -10,6 +10,7 @@ how devices map and which ops every copy shares.
 """
 import tensorflow as tf
 
+from replicate import _compat
 from replicate._compat import tf1
 from replicate.core import device_util
 from replicate.core import op_kinds
@@ -270,7 +271,9 @@ class GraphCopier(object):
             if anchor is not None else
             self._copy_device(op, node_def, tower_id, devices))
         if reseed:  # seeds derived from the graph's: draw per copy
-          node_defs.offset_seed(node, tower_id)
+          if node_defs.is_seeded(node) and _compat.has_derived_seed(
+              op, node.attr['seed2'].i):
+            node_defs.offset_seed(node, tower_id)
           functions.rename(node, prefix, tower_id)
         if 'frame_name' in node.attr:
           # A TF1 tf.while_loop runs in the frame its Enter ops name: each

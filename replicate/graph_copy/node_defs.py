@@ -32,14 +32,14 @@ def rename_colocation(node, prefix, copied):
 
 
 def reseeds(graph):
-  """Whether copies of `graph`'s seeded random ops get seeds of their own.
+  """Whether copies of `graph`'s seeded random ops may get seeds of their own.
 
   Without a graph seed, a seeded random op has an op-level seed
   (`tf.random.uniform(..., seed=5)`): a call per device gives every device
   that seed and the same numbers, so the copies keep it too. With one, TF
-  derives the op seed from the op's position in the graph, which another
-  call changes (an explicit op seed cannot be told from a derived one
-  there).
+  derives the op seed of an op without one from the graph (the op's
+  position, or a count), which another call changes
+  (`_compat.has_derived_seed` tells them apart).
   """
   return graph.seed is not None
 

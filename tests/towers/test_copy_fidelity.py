@@ -452,6 +452,18 @@ class RandomSeedTest(tf.test.TestCase, parameterized.TestCase):
     for tower in range(1, 4):
       self.assertAllEqual(copied[0], copied[tower])
 
+  @parameterized.parameters(3, 12345)
+  def test_op_level_seed_with_a_graph_seed_draws_as_calls(self, op_seed):
+    # Graph seed 7 and op seed s: every call's dropout gets seeds (7, s),
+    # so every tower draws tower 0's mask; the copies keep s, which is not
+    # one TF would have derived from the graph (the id of the op made just
+    # before the dropout's).
+    copied = self._masks(7, op_seed, replicate.TowerBuild.CLONE)
+    called = self._masks(7, op_seed, replicate.TowerBuild.CALL_PER_TOWER)
+    self.assertAllEqual(called, copied)
+    for tower in range(1, 4):
+      self.assertAllEqual(copied[0], copied[tower])
+
   def test_graph_seed_draws_per_tower(self):
     # Graph seed 7, no op seed: the op seed derives from the op's place in
     # the graph, which differs per call; copies get their own seed2.
