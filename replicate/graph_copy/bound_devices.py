@@ -12,7 +12,6 @@ for two devices at once. Function calls (`If`, `While`, `PartitionedCall`,
 """
 import tensorflow as tf
 
-from replicate.graph_copy import function_copies
 from replicate.graph_copy import node_defs
 
 
@@ -48,7 +47,7 @@ def _anchor(op, is_copied):
     copied = is_copied(current)
     if not copied and current.device:
       return current
-    if function_copies.calls_functions(current.node_def):
+    if node_defs.calls_functions(current.node_def):
       continue
     # A read not copied without a device (TF 2's plain read of a resource
     # variable) is placed by its variable: go on to the variable.

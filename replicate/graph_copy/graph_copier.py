@@ -16,7 +16,6 @@ from replicate.core import device_util
 from replicate.core import op_kinds
 from replicate.graph_copy import bound_devices
 from replicate.graph_copy import bulk_variables
-from replicate.graph_copy import function_copies
 from replicate.graph_copy import node_defs
 
 
@@ -234,7 +233,6 @@ class GraphCopier(object):
     """
     graph_def = tf1.GraphDef()
     graph_def.versions.CopyFrom(self._graph.graph_def_versions)
-    functions = function_copies.FunctionCopies(self._graph, graph_def.library)
     reseed = node_defs.reseeds(self._graph)
     external = {}  # input name in a NodeDef -> Tensor or Operation
     for op in ops:
@@ -270,11 +268,12 @@ class GraphCopier(object):
             self._copies[tower_id].get(anchor.name, anchor).device
             if anchor is not None else
             self._copy_device(op, node_def, tower_id, devices))
-        if reseed:  # seeds derived from the graph's: draw per copy
-          if node_defs.is_seeded(node) and _compat.has_derived_seed(
-              op, node.attr['seed2'].i):
-            node_defs.offset_seed(node, tower_id)
-          functions.rename(node, prefix, tower_id)
+        # Seeds derived from the graph's: another call would derive others.
+        # (A function's random ops keep theirs: every call builds its body
+        # in a graph of its own, which derives the same seeds again.)
+        if reseed and node_defs.is_seeded(node) and _compat.has_derived_seed(
+            op, node.attr['seed2'].i):
+          node_defs.offset_seed(node, tower_id)
         if 'frame_name' in node.attr:
           # A TF1 tf.while_loop runs in the frame its Enter ops name: each
           # copy of the loop needs its own, or TF takes the copies for one

@@ -57,11 +57,32 @@ def is_seeded(node):
 def offset_seed(node, tower_id):
   """Gives a seeded random op of copy `tower_id` its own `seed2`.
 
-  Only for graphs with a graph-level seed (see `reseeds`): there a random op
-  without an op seed gets one derived from its position in the graph, so a
-  call of the function per device draws other numbers on every device.
+  Only for a top-level op whose seed TF derived from the graph's (see
+  `reseeds`): another call of the function per device derives another seed
+  and draws other numbers on every device.
   """
   if not is_seeded(node):
     return
   node.attr['seed2'].i = (node.attr['seed2'].i +
                           tower_id * _SEED2_STRIDE) % (1 << 31)
+
+
+def calls_functions(node):
+  """Whether a `NodeDef` names functions (a call, a branch, a loop body)."""
+  return bool(_function_refs(node))
+
+
+def _function_refs(node):
+  """The `NameAttrList`s of the functions a `NodeDef`'s attributes name."""
+  refs = []
+  stack = list(node.attr.values())
+  while stack:
+    value = stack.pop()
+    if value.HasField('func'):
+      refs.append(value.func)
+      stack.extend(value.func.attr.values())
+    elif value.HasField('list'):
+      for func in value.list.func:
+        refs.append(func)
+        stack.extend(func.attr.values())
+  return refs

@@ -1,10 +1,13 @@
 """Copies of control flow and of resource reads inside loops.
 
-graph_copy/function_copies.py: a copied `If` / `While` (TF 2 control flow)
-gets its own copy of the branch and body functions that hold seeded random
-ops, with seeds offset as for top-level ops, so that dropout draws new
-numbers in every tower (as on one device), the same numbers run to run, and
-the gradient uses the tower's own draws. graph_copier.py: the copy of an
+Random ops under a graph seed draw what a model_fn call per tower draws
+(graph_copier.py, `_compat.has_derived_seed`): a TF1 loop's or branch's ops
+are top-level ops, whose seeds TF derives anew in every call, so every tower
+draws its own numbers; a TF 2 `If` / `While` names functions whose bodies
+every call builds in a graph of its own, deriving the same seeds, so every
+tower draws tower 0's numbers; an explicit op seed is the same in every
+call. In each case the gradient uses the tower's own draws, and a run draws
+the same numbers as the last. graph_copier.py: the copy of an
 op that TF's placer binds to a shared variable (the stack in which a TF1
 while loop's gradient keeps an in-loop variable read, as in a Keras LSTM
 under `disable_v2_behavior`) is placed with that variable, so the towers
@@ -113,34 +116,30 @@ def _train_dropout(kind, num_towers,
 
 class CopiedRandomOpsTest(tf.test.TestCase, parameterized.TestCase):
 
-  @parameterized.parameters('cond', 'while', 'cond_in_while')
-  def test_towers_draw_their_own_masks(self, kind):
-    v, w = _train_dropout(kind, _NUM_TOWERS)
-    # One step from v = w = 1: v = w = 1 - 0.125 * C. Equal: each tower's
-    # gradient uses the mask its forward pass drew.
-    self.assertAllEqual(v, w)
-    column_sums = (1 - w) / _LEARNING_RATE
-    self.assertAllEqual(column_sums, np.round(column_sums))
-    # 4 towers repeating tower 0's 8 rows would make every C_j a multiple
-    # of 4 * 2 = 8; 32 rows drawn on their own (as on one device) do not.
-    self.assertFalse(np.all(column_sums % 8 == 0), column_sums)
-    # About half of the 32 rows of each column are kept: C_j near 32.
-    self.assertAllInRange(column_sums, 8, 56)
-
-  def test_explicit_op_seeds_in_a_loop(self):
-    # DropoutWrapper(seed=3) gives its dropout an explicit op seed, the same
-    # in every model_fn call: called towers draw one mask (C_j multiples of
-    # 8). A TF1 loop's copies keep the seed and draw as the calls; a TF 2
-    # While's body function is reseeded whole, as a FunctionDef cannot tell
-    # an explicit seed from a derived one (docs/replicate_model_fn.md).
-    copied = _train_dropout('rnn', _NUM_TOWERS)
-    called = _train_dropout('rnn', _NUM_TOWERS,
+  @parameterized.parameters('cond', 'while', 'cond_in_while', 'rnn')
+  def test_towers_draw_as_calls_draw(self, kind):
+    copied = _train_dropout(kind, _NUM_TOWERS)
+    called = _train_dropout(kind, _NUM_TOWERS,
                             replicate.TowerBuild.CALL_PER_TOWER)
-    self.assertAllEqual(called[0], called[1])
-    self.assertTrue(np.all(((1 - called[1]) / _LEARNING_RATE) % 8 == 0))
-    if tf1.control_flow_v2_enabled():
-      self.assertNotAllClose(called, copied)
-    else:
+    for v, w in (copied, called):
+      # One step from v = w = 1: v = w = 1 - 0.125 * C. Equal: each tower's
+      # gradient uses the mask its forward pass drew.
+      self.assertAllEqual(v, w)
+      column_sums = (1 - w) / _LEARNING_RATE
+      self.assertAllEqual(column_sums, np.round(column_sums))
+      # About half of the 32 rows of each column are kept: C_j near 32.
+      self.assertAllInRange(column_sums, 8, 56)
+    # 4 towers repeating one 8-row mask make every C_j a multiple of
+    # 4 * 2 = 8: so do calls where each builds the same seeds (a TF 2
+    # function's body, DropoutWrapper's explicit seed), and copies then
+    # draw exactly what calls draw. Where each call derives its own seeds
+    # (TF1 control flow's top-level ops), the copies draw their own too.
+    def repeats_one_mask(trained):
+      return bool(np.all((1 - trained[1]) / _LEARNING_RATE % 8 == 0))
+    same_seeds = kind == 'rnn' or tf1.control_flow_v2_enabled()
+    self.assertEqual(same_seeds, repeats_one_mask(called))
+    self.assertEqual(same_seeds, repeats_one_mask(copied))
+    if same_seeds:
       self.assertAllEqual(called, copied)
 
   @parameterized.parameters('cond', 'rnn')
