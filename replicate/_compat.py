@@ -446,7 +446,12 @@ def save_slice_info(variable):
 _DERIVED_SEED_GAP = 4
 
 
-def has_derived_seed(op, seed2):
+# What TF gives a random op in place of seeds (0, 0), which its kernels
+# take for "unseeded" (`random_seed.get_seed`).
+_MAXINT32 = 2**31 - 1
+
+
+def has_derived_seed(op, seed, seed2):
   """Whether random op `op`'s `seed2` is one TF derived from its graph.
 
   Under a graph seed, a random op made without an op seed gets a `seed2`
@@ -459,8 +464,10 @@ def has_derived_seed(op, seed2):
 
   Args:
     op: a top-level random op (not inside a function).
-    seed2: its `seed2` attribute.
+    seed, seed2: its `seed` and `seed2` attributes.
   """
+  if seed == 0 and seed2 == _MAXINT32:
+    seed2 = 0  # graph seed 0 and op seed 0 (TF 2.15's first derived one)
   if IS_TF2:
     from tensorflow.python.framework import random_seed  # pylint: disable=g-import-not-at-top
     derived = random_seed._graph_to_seed_dict.get(op.graph, 0)  # pylint: disable=protected-access

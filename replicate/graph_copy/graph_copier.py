@@ -272,7 +272,7 @@ class GraphCopier(object):
         # (A function's random ops keep theirs: every call builds its body
         # in a graph of its own, which derives the same seeds again.)
         if reseed and node_defs.is_seeded(node) and _compat.has_derived_seed(
-            op, node.attr['seed2'].i):
+            op, node.attr['seed'].i, node.attr['seed2'].i):
           node_defs.offset_seed(node, tower_id)
         if 'frame_name' in node.attr:
           # A TF1 tf.while_loop runs in the frame its Enter ops name: each
