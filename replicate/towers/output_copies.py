@@ -24,6 +24,7 @@ from replicate._compat import PredictOutput
 from replicate._compat import RegressionOutput
 from replicate._compat import tf1
 from replicate.towers import tower_cloning
+from replicate.towers import tower_specs
 
 _METRIC_COLLECTIONS = (tf1.GraphKeys.LOCAL_VARIABLES,
                        tf1.GraphKeys.METRIC_VARIABLES)
@@ -56,7 +57,7 @@ def copied_eval_specs(cloner, replication, first_spec, unscaled_loss,
   specs = tower_cloning.copied_specs(cloner, replication, first_spec,
                                      unscaled_loss, collections)
   for tower_id, spec in enumerate(specs, 1):
-    specs[tower_id - 1] = spec._replace(eval_metric_ops={
+    specs[tower_id - 1] = tower_specs.replaced(spec, eval_metric_ops={
         name: _copied_metric(cloner, tower_id, metric)
         for name, metric in metrics.items()
     })
@@ -93,7 +94,7 @@ def copied_predict_specs(cloner, num_towers, first_spec):
           key: _copied_export_output(output, get)
           for key, output in outputs.items()
       }
-    specs.append(first_spec._replace(**fields))
+    specs.append(tower_specs.replaced(first_spec, **fields))
   return specs
 
 

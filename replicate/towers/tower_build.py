@@ -123,7 +123,8 @@ def build(model_fn, features, labels, mode, params, config, placement,
           check_tower(spec, tower, replication, trainable_before,
                       per_tower_reason)
           unscaled_loss = spec.loss
-          spec = spec._replace(loss=replication.scale_loss(spec.loss))
+          spec = tower_specs.replaced(
+              spec, loss=replication.scale_loss(spec.loss))
         replication.cloner = None
         specs.append(spec)
         metric_variables.append([

@@ -39,6 +39,7 @@ import tensorflow as tf
 from replicate._compat import tf1
 from replicate.core import logs as logging
 from replicate.graph_copy import copy_policy
+from replicate.towers import tower_specs
 
 
 class TowerBuild(enum.Enum):
@@ -149,5 +150,5 @@ def copied_specs(cloner, replication, first_spec, unscaled_loss, collections):
         cloner.name_scope(tower_id)):
       loss = replication.scale_loss(cloner.get(tower_id, unscaled_loss),
                                     tower_id)
-    specs.append(first_spec._replace(loss=loss))
+    specs.append(tower_specs.replaced(first_spec, loss=loss))
   return specs

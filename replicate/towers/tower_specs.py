@@ -19,6 +19,26 @@ def _summed_loss(tower_specs, device):
                                             device, name='summed_loss')
 
 
+def replaced(spec, **fields):
+  """`spec` with `fields` replaced; its other fields are not checked again.
+
+  A tower's spec is tower 0's, which the `EstimatorSpec` constructor checked,
+  with fields the library made. `EstimatorSpec._replace` would check every
+  field anew, and TF's check of `eval_metric_ops` walks all the graph's
+  local variables: per tower, that grows with towers x variables (the
+  copies under `REPLICATED` are local variables). The merged spec, which the
+  Estimator receives, is still built by the constructor.
+
+  Raises:
+    ValueError: for a field `EstimatorSpec` does not have.
+  """
+  unknown = sorted(set(fields) - set(spec._fields))
+  if unknown:
+    raise ValueError('EstimatorSpec has no fields {}'.format(unknown))
+  return spec._make(fields.get(name, value)
+                    for name, value in zip(spec._fields, spec))
+
+
 def train_spec(tower_specs, aggregation_device, applying_tower_id):
   """The TRAIN spec: summed loss; the applying tower's `train_op` and hooks.
 
