@@ -281,6 +281,19 @@ def current_control_dependencies(graph):
   return set(graph._current_control_dependencies())  # pylint: disable=protected-access
 
 
+def add_control_inputs(op, controls):
+  """Makes the existing `op` wait for the ops `controls` as well.
+
+  TF's own control flow adds control edges to ops it made earlier the same
+  way; there is no public way to add one after an op is made.
+
+  Args:
+    op: an `Operation`.
+    controls: `Operation`s of the same graph.
+  """
+  op._add_control_inputs(list(controls))  # pylint: disable=protected-access
+
+
 # --- replicate_model_fn: SavedModel export ---
 
 # The method of `tf.estimator.Estimator` (tensorflow_estimator 1.15 and 2.15)

@@ -23,9 +23,10 @@ before replication plus tower `i`'s own, and nothing of the other towers:
   around `minimize`, or around `apply_gradients`); the updates other towers
   build are never run. Towers copied from tower 0 share its updates instead
   of copying them. Towers built by their own `model_fn` call compute their
-  gradients outside that block, and the last tower, which applies for all,
-  waits for what tower 0's same `apply_gradients` call was made under
-  instead of its own (tower_optimizer.py). One writer per variable per step
+  gradients under that block less their own `UPDATE_OPS`, and the last
+  tower, which applies for all, waits for what tower 0's same
+  `apply_gradients` call was made under, and for its own block less its
+  `UPDATE_OPS` (tower_gradients.py). One writer per variable per step
   makes the moving statistics deterministic: two identical runs give
   bit-identical values. They are estimated from one tower's shard per step,
   tower 0's, as in tf_cnn_benchmarks. Afterwards the collection holds tower

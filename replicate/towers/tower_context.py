@@ -79,17 +79,21 @@ class _OptimizerCall(object):
     grads_and_vars: the `(gradient, variable)` pairs the call was given.
     scopes: `(variable_scope, name_scope_string)` the call was made under;
       None for a call copied from tower 0's.
-    returned_op: the op the call returned in a tower that does not apply
-      (waiting for the gradients and for whatever the call was made under),
-      else None.
+    ready_op: in a tower that does not apply, an op waiting for the
+      gradients and for whatever the call was made under, else None.
+    returned_op: in a tower that does not apply, the op the call returned:
+      it waits for `ready_op` and, once the applying tower has built it,
+      for the update of the step.
   """
 
-  __slots__ = ('optimizer_name', 'grads_and_vars', 'scopes', 'returned_op')
+  __slots__ = ('optimizer_name', 'grads_and_vars', 'scopes', 'ready_op',
+               'returned_op')
 
   def __init__(self, optimizer_name, grads_and_vars, scopes):
     self.optimizer_name = optimizer_name
     self.grads_and_vars = grads_and_vars
     self.scopes = scopes
+    self.ready_op = None
     self.returned_op = None
 
 
@@ -232,13 +236,20 @@ class Replication(object):
       with tf1.name_scope(name_scope):
         yield
 
-  def record_returned_op(self, call_index, op):
-    """Records what the current tower's call `call_index` returned."""
-    self._calls[self.tower.tower_id][call_index].returned_op = op
+  def record_returned_op(self, call_index, ready_op, returned_op):
+    """Records the ops of the current tower's call `call_index` (above)."""
+    call = self._calls[self.tower.tower_id][call_index]
+    call.ready_op, call.returned_op = ready_op, returned_op
 
-  def returned_op(self, tower_id, call_index):
-    """What tower `tower_id`'s call `call_index` returned (see above)."""
-    return self._calls[tower_id][call_index].returned_op
+  def ready_op(self, tower_id, call_index):
+    """The `ready_op` of tower `tower_id`'s call `call_index` (see above)."""
+    return self._calls[tower_id][call_index].ready_op
+
+  def returned_ops(self, call_index):
+    """The `returned_op`s of call `call_index` in the towers that have one."""
+    return [calls[call_index].returned_op for calls in self._calls
+            if len(calls) > call_index and
+            calls[call_index].returned_op is not None]
 
   def gradients_of_call(self, call_index):
     """The `(gradient, variable)` lists of call `call_index`, one per tower.

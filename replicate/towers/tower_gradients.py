@@ -10,9 +10,11 @@ get one device's names. `apply_once` is the wrapped optimizer's
 `apply_gradients` with gradient accumulation, also used outside towers.
 """
 import collections
+import contextlib
 
 import tensorflow as tf
 
+from replicate import _compat
 from replicate import errors
 from replicate._compat import tf1
 from replicate.gradients import accumulation
@@ -44,8 +46,9 @@ def compute_gradients(replication, optimizer, loss, var_list, kwargs):
   # The other towers keep their update ops out of the step: neither the
   # scaled loss nor the gradients may depend on the
   # `control_dependencies(update_ops)` block models usually put around
-  # `minimize` (see tower_collections.py).
-  with tf1.control_dependencies(None):
+  # `minimize` (see tower_collections.py). They still wait for everything
+  # else the block names.
+  with _without_update_ops(replication.graph):
     return _tower_gradients(replication, optimizer, loss, var_list, kwargs)
 
 
@@ -93,22 +96,63 @@ def apply_gradients(replication, optimizer, grads_and_vars, global_step,
   if replication.tower.tower_id != replication.applying_tower_id:
     gradients = [g for g, _ in grads_and_vars if g is not None]
     with tf1.control_dependencies(_tensors_of(gradients)):
-      recorded = tf.no_op(name='tower_gradients_recorded')
-    replication.record_returned_op(call_index, recorded)
-    return recorded
+      ready = tf.no_op(name='tower_gradients_recorded')
+    # What the tower gets back stands for the update of the step, which a
+    # later tower builds: it is made to wait for that update then, so that
+    # what the tower builds under `control_dependencies([train_op])` (a
+    # counter, a second optimizer's step) runs after it, as on one device.
+    with tf1.control_dependencies([ready]):
+      returned = tf.no_op(name='tower_train_op')
+    replication.record_returned_op(call_index, ready, returned)
+    return returned
   if replication.tower.tower_id == tower_collections.UPDATE_TOWER_ID:
     return _apply_sums(replication, optimizer, call_index, global_step, name,
                        settings)
   # The last tower applies for every tower, but only tower 0's update ops
-  # may run (see tower_collections.py): instead of what this call is made
-  # under (e.g. `control_dependencies(update_ops)` of the last tower), the
-  # update waits for what tower 0's same call was made under.
-  first_tower_call = replication.returned_op(
-      tower_collections.UPDATE_TOWER_ID, call_index)
-  with tf1.control_dependencies(None), tf1.control_dependencies(
-      [first_tower_call]):
-    return _apply_sums(replication, optimizer, call_index, global_step, name,
-                       settings)
+  # may run (see tower_collections.py): the update waits for what tower 0's
+  # same call was made under, and for what this call is made under less
+  # the last tower's update ops.
+  first_tower_ready = replication.ready_op(tower_collections.UPDATE_TOWER_ID,
+                                           call_index)
+  with _without_update_ops(replication.graph), tf1.control_dependencies(
+      [first_tower_ready]):
+    train_op = _apply_sums(replication, optimizer, call_index, global_step,
+                           name, settings)
+  update = train_op.op if isinstance(train_op, tf.Tensor) else train_op
+  for returned in replication.returned_ops(call_index):
+    _compat.add_control_inputs(returned, [update])
+  return train_op
+
+
+def _without_update_ops(graph):
+  """Re-enters the open control dependencies less the tower's update ops.
+
+  An update op is an entry of the tower's view of `UPDATE_OPS`; a group of
+  ops (`tf.group`, a `NoOp`) counts as one if it waits for one.
+  """
+  updates = set(item.op if isinstance(item, (tf.Tensor, tf.Variable)) else
+                item for item in graph.get_collection(
+                    tf1.GraphKeys.UPDATE_OPS))
+  kept = sorted((op for op in _compat.current_control_dependencies(graph)
+                 if not _waits_for_update(op, updates)),
+                key=lambda op: op.name)
+  return _only_control_dependencies(kept)
+
+
+def _waits_for_update(op, updates):
+  if op in updates:
+    return True
+  return op.type == 'NoOp' and any(
+      _waits_for_update(control, updates) for control in op.control_inputs)
+
+
+@contextlib.contextmanager
+def _only_control_dependencies(ops):
+  # The inner block is made after the outer one is entered: TF leaves out
+  # of a new block the ops that the open blocks name.
+  with tf1.control_dependencies(None):
+    with tf1.control_dependencies(ops):
+      yield
 
 
 def _apply_sums(replication, optimizer, call_index, global_step, name,

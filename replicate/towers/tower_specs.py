@@ -10,6 +10,7 @@ from replicate._compat import RegressionOutput
 from replicate._compat import tf1
 from replicate.gradients import gradient_aggregation
 from replicate.towers import metric_merge
+from replicate.towers import tower_collections
 
 
 def _summed_loss(tower_specs, device):
@@ -42,8 +43,8 @@ def replaced(spec, **fields):
 def train_spec(tower_specs, aggregation_device, applying_tower_id):
   """The TRAIN spec: summed loss; the applying tower's `train_op` and hooks.
 
-  The applying tower's spec is the template: its `train_op` applies the
-  gathered gradients, and hooks such as `SyncReplicasOptimizer`'s check that
+  The applying tower's spec is the template, but for tower 0's `train_op`:
+  hooks such as `SyncReplicasOptimizer`'s check that
   `apply_gradients` was called on their optimizer, which only that tower did.
 
   Args:
@@ -55,6 +56,12 @@ def train_spec(tower_specs, aggregation_device, applying_tower_id):
     An `EstimatorSpec`.
   """
   fields = tower_specs[applying_tower_id]._asdict()
+  # What tower 0's optimizer calls returned waits for the update of the
+  # step (tower_gradients.py), so its `train_op` runs the step, with what
+  # `model_fn` grouped into it after `minimize` (Keras layers' updates):
+  # tower 0's, whichever tower applies.
+  fields['train_op'] = tower_specs[
+      tower_collections.UPDATE_TOWER_ID].train_op
   fields['loss'] = _summed_loss(tower_specs, aggregation_device)
   return EstimatorSpec(**fields)
 

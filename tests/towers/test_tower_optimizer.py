@@ -1,5 +1,9 @@
 """TowerOptimizer outside and inside replicate_model_fn."""
+import functools
+
+from absl.testing import parameterized
 import model_testing as mt
+import numpy as np
 import tensorflow as tf
 
 import replicate
@@ -96,6 +100,109 @@ class AggregationPlacementTest(tf.test.TestCase):
                  mt.TRAIN, {})
         keys.append(sorted(graph.get_all_collection_keys()))
     self.assertEqual(keys[0], keys[1])
+
+
+def _rows(batch_size=12):
+  """Distinct rows: a mix-up of rows or towers changes the result."""
+  x = (np.arange(batch_size * 3, dtype=np.float32).reshape(batch_size, 3) /
+       10. - 1.)
+  return {'x': x}, np.linspace(-1., 1., batch_size, dtype=np.float32)[:, None]
+
+
+def _dense(x):
+  return tf1.layers.dense(
+      x, 1, kernel_initializer=tf1.glorot_uniform_initializer(seed=1),
+      name='out')
+
+
+def _counter(name, rows):
+  counter = tf1.get_variable(name, [], tf.float32, trainable=False,
+                             initializer=tf1.zeros_initializer())
+  return tf1.assign_add(counter, tf.cast(tf.shape(rows)[0], tf.float32))
+
+
+def _counted_model_fn(features, labels, mode, params):
+  """`minimize` under a counter of the rows and a grouped update op."""
+  loss = tf1.losses.mean_squared_error(labels, _dense(features['x']))
+  # An update op (UPDATE_OPS: tower 0's only) and a write (every tower's).
+  tf1.add_to_collection(tf1.GraphKeys.UPDATE_OPS,
+                        _counter('update_rows', features['x']))
+  update = tf.group(*tf1.get_collection(tf1.GraphKeys.UPDATE_OPS))
+  with tf1.control_dependencies([_counter('rows', features['x']), update]):
+    train_op = replicate.TowerOptimizer(params['optimizer']()).minimize(
+        loss, tf1.train.get_global_step())
+  # A write grouped into train_op after minimize: tower 0's only.
+  total = tf1.get_variable('first_feature_total', [], tf.float32,
+                           trainable=False, initializer=tf1.zeros_initializer())
+  add = tf1.assign_add(total, tf.reduce_sum(features['x'][:, 0]))
+  return tf1.estimator.EstimatorSpec(mode, loss=loss,
+                                     train_op=tf.group(train_op, add))
+
+
+def _sequenced_model_fn(features, labels, mode, params):
+  """A second `minimize` under `control_dependencies` of the first one's."""
+  logits = _dense(features['x'])
+  first = replicate.TowerOptimizer(params['optimizer']()).minimize(
+      tf1.losses.mean_squared_error(labels, logits))
+  with tf1.control_dependencies([first]):
+    second = replicate.TowerOptimizer(
+        tf1.train.GradientDescentOptimizer(0.05)).minimize(
+            tf.reduce_mean(tf.abs(logits)), tf1.train.get_global_step())
+  return tf1.estimator.EstimatorSpec(mode, loss=tf.constant(0.), train_op=second)
+
+
+_OPTIMIZERS = {'sgd': lambda: tf1.train.GradientDescentOptimizer(0.1),
+               'adam': lambda: tf1.train.AdamOptimizer(0.1)}
+
+
+class ControlDependenciesAroundMinimizeTest(parameterized.TestCase,
+                                            tf.test.TestCase):
+  """What `minimize` is made under holds in every tower, however built."""
+
+  def _train(self, model_fn, optimizer, num_towers=None, tower_build=None):
+    features, labels = _rows()
+    replicate_fn = None
+    if tower_build is not None:
+      replicate_fn = functools.partial(replicate.replicate_model_fn,
+                                       tower_build=tower_build)
+    return mt.train_variables(
+        model_fn, features, labels,
+        mt.cpus(num_towers) if num_towers else None,
+        params={'optimizer': _OPTIMIZERS[optimizer]},
+        replicate_fn=replicate_fn)
+
+  @parameterized.product(
+      tower_build=list(replicate.TowerBuild), num_towers=[2, 4],
+      optimizer=['sgd', 'adam'])
+  def test_writes_in_the_block_run_in_every_tower(self, tower_build,
+                                                  num_towers, optimizer):
+    one = self._train(_counted_model_fn, optimizer)
+    got = self._train(_counted_model_fn, optimizer, num_towers, tower_build)
+    # 3 steps of 12 rows: every tower counts its rows, 36 in all...
+    self.assertEqual(36., got['rows'])
+    # ...but the update ops are tower 0's: 3 steps of its 12 / N rows;
+    self.assertEqual(36. / num_towers, got['update_rows'])
+    # and so is what train_op groups after minimize: 3 steps of the sum of
+    # tower 0's first feature (tower 0 gets the first 12 / N rows).
+    x = _rows()[0]['x']
+    self.assertAllClose(3 * x[:12 // num_towers, 0].sum(),
+                        got['first_feature_total'])
+    for name in ('out/kernel', 'out/bias', 'global_step'):
+      self.assertAllClose(one[name], got[name], rtol=1e-6, atol=1e-6)
+
+  @parameterized.product(
+      tower_build=list(replicate.TowerBuild), num_towers=[2, 4],
+      optimizer=['sgd', 'adam'])
+  def test_minimize_after_another_minimize(self, tower_build, num_towers,
+                                           optimizer):
+    # The first update must run, and the second optimizer's gradients must
+    # see its result, as on one device.
+    one = self._train(_sequenced_model_fn, optimizer)
+    got = self._train(_sequenced_model_fn, optimizer, num_towers, tower_build)
+    self.assertEqual(sorted(one), sorted(got))
+    for name in one:
+      self.assertAllClose(one[name], got[name], rtol=1e-6, atol=1e-6,
+                          msg=name)
 
 
 if __name__ == '__main__':
