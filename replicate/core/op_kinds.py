@@ -80,6 +80,24 @@ FUNCTION_CALL_OP_TYPES = frozenset([
     'PartitionedCall', 'StatefulPartitionedCall'])
 
 
+# Ops that read a checkpoint (a `Saver`'s restore).
+RESTORE_OP_TYPES = frozenset(['RestoreV2', 'Restore', 'RestoreSlice'])
+
+
+def restores(write):
+  """Whether the write `write` assigns a value read from a checkpoint.
+
+  A `Saver`'s restore op assigns a `RestoreV2` output, directly or through
+  an `Identity` (resource variables).
+  """
+  if len(write.inputs) < 2:
+    return False
+  source = write.inputs[1].op
+  while source.type == 'Identity' and source.inputs:
+    source = source.inputs[0].op
+  return source.type in RESTORE_OP_TYPES
+
+
 def is_variable(tensor):
   """Whether `tensor` is a variable itself: a ref or a resource handle."""
   return (tensor.dtype == tf.resource or

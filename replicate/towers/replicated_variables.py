@@ -107,8 +107,10 @@ class ReplicatedVariables(object):
     for name in sorted(self._copies):
       variable = self._copies[name][0]
       for write in op_kinds.variable_writes(variable.op):
+        # A restore (a `Saver` in the spec's scaffold) writes tower 0's
+        # copy when the session starts, before the copies are set from it.
         if (write in self._updates or write is variable.initializer or
-            _calls_a_function(write)):
+            op_kinds.restores(write) or _calls_a_function(write)):
           continue
         raise errors.InvalidArgumentError(
             'variable_placement=REPLICATED keeps one copy of trainable '

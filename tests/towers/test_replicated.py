@@ -57,9 +57,13 @@ def _model_fn(features, labels, mode, params):
       net, 1, kernel_initializer=tf1.glorot_uniform_initializer(seed=9),
       name='logits')
   # A local_init_op of model_fn's own: made before the towers' copies.
-  scaffold = lambda: tf1.train.Scaffold(local_init_op=tf.group(
-      tf1.local_variables_initializer(),
-      tf1.tables_initializer())) if params.get('scaffold') else None
+  def scaffold():
+    if params.get('saver'):  # restores and saves tower 0's variables
+      return tf1.train.Scaffold(saver=tf1.train.Saver(max_to_keep=2))
+    if params.get('scaffold'):
+      return tf1.train.Scaffold(local_init_op=tf.group(
+          tf1.local_variables_initializer(), tf1.tables_initializer()))
+    return None
   if mode == tf1.estimator.ModeKeys.PREDICT:
     return tf1.estimator.EstimatorSpec(mode, predictions={'logits': logits},
                                        scaffold=scaffold())
@@ -205,6 +209,24 @@ class ReplicatedTest(tf.test.TestCase, parameterized.TestCase):
     # change the next two updates).
     _estimator(model_dir, params, **second).train(_input_fn(), steps=2)
     resumed = _checkpoint(model_dir)
+    self.assertEqual(sorted(expected), sorted(resumed))
+    for name in expected:
+      self.assertAllClose(expected[name], resumed[name], rtol=1e-5,
+                          atol=1e-6, msg=name)
+
+  @parameterized.parameters('sgd', 'adam')
+  def test_saver_of_model_fn_restores_every_copy(self, optimizer):
+    # The scaffold's Saver restores tower 0's variables when the second
+    # train() starts; its restore ops write them, and are no forward-pass
+    # write to refuse. The copies must follow tower 0's restored values.
+    params = {'optimizer': optimizer, 'saver': True}
+    dirs = []
+    for kwargs in (_ONE, _REPLICATED):
+      model_dir = self._train(3, params, **kwargs)
+      _estimator(model_dir, params, **kwargs).train(_input_fn(), steps=2)
+      dirs.append(_checkpoint(model_dir))
+    expected, resumed = dirs
+    self.assertEqual(resumed['global_step'], 5)
     self.assertEqual(sorted(expected), sorted(resumed))
     for name in expected:
       self.assertAllClose(expected[name], resumed[name], rtol=1e-5,
