@@ -137,7 +137,7 @@ class AccumulationTest(parameterized.TestCase, tf.test.TestCase):
       replicate.TowerOptimizer(tf1.train.GradientDescentOptimizer(0.1),
                                accumulation_steps=steps)
 
-  def test_indexed_slices_accumulate_densely(self):
+  def test_indexed_slices_accumulate_sparsely(self):
     # An embedding's gradient is IndexedSlices: rows 1 and 1 and 3.
     with tf.Graph().as_default():
       table = tf1.get_variable('table', initializer=np.zeros((4, 2),
@@ -145,9 +145,16 @@ class AccumulationTest(parameterized.TestCase, tf.test.TestCase):
       optimizer = tf1.train.GradientDescentOptimizer(1.0)
       grad = tf.IndexedSlices(tf.constant([[1., 2.], [3., 4.], [5., 6.]]),
                               tf.constant([1, 1, 3]), tf.constant([4, 2]))
+      applied = []
+
+      def apply_fn(grads_and_vars, step, name):
+        applied.extend(grads_and_vars)
+        return optimizer.apply_gradients(grads_and_vars, step, name)
+
       op = accumulation.apply_accumulated(
-          lambda gv, step, name: optimizer.apply_gradients(gv, step, name),
-          [(grad, table)], steps=2, scale=0.5, global_step=None)
+          apply_fn, [(grad, table)], steps=2, scale=0.5, global_step=None)
+      # The optimizer is given the rows the runs named, not every row.
+      self.assertIsInstance(applied[0][0], tf.IndexedSlices)
       with tf1.Session() as sess:
         sess.run([tf1.global_variables_initializer(),
                   tf1.local_variables_initializer()])
@@ -158,6 +165,59 @@ class AccumulationTest(parameterized.TestCase, tf.test.TestCase):
         # row 3 gets -(5, 6).
         self.assertAllClose([[0, 0], [-4, -6], [0, 0], [-5, -6]],
                             sess.run(table))
+
+  @parameterized.named_parameters(
+      # Given a zero gradient, FTRL with l1 recomputes a row from its linear
+      # accumulator (to 0 here) and RMSProp decays the row's mean square:
+      # rows no run named must get no update, as in one run on all rows.
+      ('ftrl_l1', lambda: tf1.train.FtrlOptimizer(
+          0.5, l1_regularization_strength=0.01)),
+      ('rmsprop_momentum', lambda: tf1.train.RMSPropOptimizer(
+          0.1, momentum=0.5)),
+      ('adagrad', lambda: tf1.train.AdagradOptimizer(0.3)),
+  )
+  def test_sparse_micro_steps_equal_one_run_on_their_rows(self, optimizer_fn):
+    # Micro-step 1 looks up rows 0, 2, 0; micro-step 2 rows 2, 5; rows 1, 3
+    # and 4 of the 6 are never named (micro-step 2 pads with a zero row 0,
+    # named anyway). One run on both micro-batches gets
+    # the concatenated slices; MEAN over the two halves: scale 1/2.
+    values = np.arange(10, dtype=np.float32).reshape(5, 2) / 10. - 0.3
+    indices = np.array([0, 2, 0, 2, 5], np.int32)
+    initial = np.arange(12, dtype=np.float32).reshape(6, 2) / 12. - 0.4
+    results = []
+    for accumulate in (True, False):
+      with tf.Graph().as_default():
+        table = tf1.get_variable('table', initializer=initial)
+        optimizer = optimizer_fn()
+        apply_fn = lambda gv, step, name: optimizer.apply_gradients(gv)
+        if accumulate:
+          micro = tf1.placeholder(tf.bool, [])
+          grad = tf.IndexedSlices(
+              tf1.where(micro, values[:3], np.pad(values[3:], [[0, 1], [0, 0]])),
+              tf1.where(micro, indices[:3], np.pad(indices[3:], [0, 1])),
+              tf.constant([6, 2]))
+          op = accumulation.apply_accumulated(
+              apply_fn, [(grad, table)], steps=2, scale=0.5, global_step=None)
+          feeds = [{micro: True}, {micro: False}]
+        else:
+          grad = tf.IndexedSlices(tf.constant(values * 0.5),
+                                  tf.constant(indices), tf.constant([6, 2]))
+          op = apply_fn([(grad, table)], None, None)
+          feeds = [{}]
+        with tf1.Session() as sess:
+          sess.run([tf1.global_variables_initializer(),
+                    tf1.local_variables_initializer()])
+          for feed in feeds:
+            sess.run(op, feed)
+          results.append({v.op.name: sess.run(v)
+                          for v in tf1.global_variables()})
+    accumulated, one_run = results
+    self.assertEqual(sorted(one_run), sorted(accumulated))
+    for name, value in one_run.items():
+      self.assertAllClose(value, accumulated[name], rtol=1e-6, atol=1e-6,
+                          msg=name)
+    # The rows nobody named kept their initial values.
+    self.assertAllEqual(initial[[1, 3, 4]], accumulated['table'][[1, 3, 4]])
 
 
 class CompressionTest(parameterized.TestCase, tf.test.TestCase):
