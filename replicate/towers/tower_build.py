@@ -127,10 +127,10 @@ def build(model_fn, features, labels, mode, params, config, placement,
               spec, loss=replication.scale_loss(spec.loss))
         replication.cloner = None
         specs.append(spec)
-        metric_variables.append([
+        metric_variables.append(_in_creation_order(graph, [
             v for v in graph.get_collection(tf1.GraphKeys.METRIC_VARIABLES)
             if id(v) not in metrics_before
-        ])
+        ]))
         if tower_id or cloner is None:
           _check_copied(replicated, per_tower_reason)
           continue
@@ -250,6 +250,20 @@ def _tower_scopes(tower_id):
         yield
     else:
       yield
+
+
+def _in_creation_order(graph, variables):
+  """`variables` in the order they were made.
+
+  The towers' metric variables are paired by position. `EstimatorSpec`
+  adds Keras metrics' variables (TF 2 heads) to `METRIC_VARIABLES` in the
+  order of a Python set, which differs between towers; the order the calls
+  made them in does not.
+  """
+  if len(variables) < 2:
+    return variables
+  position = {op: i for i, op in enumerate(graph.get_operations())}
+  return sorted(variables, key=lambda v: position[v.op])
 
 
 def call_model_fn(model_fn, features, labels, mode, params, config):

@@ -158,7 +158,7 @@ def _model_fn(metric_fn):
 
 def _evaluate(metric_fn, devices,
               tower_build=replicate.TowerBuild.CLONE):
-  model_fn = _model_fn(metric_fn)
+  model_fn = _model_fn(metric_fn) if metric_fn else _head_model_fn
   if devices is not None:
     model_fn = replicate.replicate_model_fn(
         model_fn, loss_reduction=tf1.losses.Reduction.SUM,
@@ -170,6 +170,18 @@ def _evaluate(metric_fn, devices,
   # No checkpoint to restore: the initializers' (seeded) weights are used.
   return estimator.evaluate(_input_fn, steps=None,
                             checkpoint_path=_checkpoint(model_fn))
+
+
+def _head_model_fn(features, labels, mode):
+  """A TF 2 head: its metrics are Keras metric objects."""
+  logits = tf1.layers.dense(
+      features['x'], 3, name='logits',
+      kernel_initializer=tf1.glorot_uniform_initializer(seed=3),
+      bias_initializer=tf1.constant_initializer([0.1, -0.2, 0.05]))
+  head = tf.compat.v2.estimator.MultiClassHead(
+      3, weight_column='weights',
+      loss_reduction=tf.compat.v2.keras.losses.Reduction.SUM)
+  return head.create_estimator_spec(features, mode, logits, labels=labels)
 
 
 _CHECKPOINTS = {}
@@ -206,6 +218,23 @@ class StandardMetricsTest(tf.test.TestCase):
     # The data are not degenerate: the metrics see every tower's rows.
     self.assertBetween(expected['accuracy'], 0.05, 0.95)
     self.assertBetween(expected['auc'], 0.05, 0.95)
+
+
+class HeadMetricsTest(parameterized.TestCase, tf.test.TestCase):
+
+  @parameterized.parameters(list(replicate.TowerBuild))
+  def test_keras_metrics_of_a_head_equal_one_device(self, tower_build):
+    # EstimatorSpec lists a head's Keras metric variables in a Python set's
+    # order, another in each model_fn call: the towers' variables must still
+    # be paired right (a mismatch adds counts into totals, or fails).
+    expected = _evaluate(None, None)
+    actual = _evaluate(None, replicate.testing.virtual_cpu_devices(
+        _NUM_TOWERS), tower_build)
+    self.assertEqual(sorted(expected), sorted(actual))
+    for key in expected:
+      self.assertAllClose(expected[key], actual[key], rtol=1e-5, atol=1e-6,
+                          msg=key)
+    self.assertBetween(expected['accuracy'], 0.05, 0.95)
 
 
 class NotASumTest(parameterized.TestCase, tf.test.TestCase):
