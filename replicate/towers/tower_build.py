@@ -178,6 +178,10 @@ def build(model_fn, features, labels, mode, params, config, placement,
                              tf.nest.flatten((feature_shards[0],
                                               label_shards[0]),
                                              expand_composites=True))
+    if mode == ModeKeys.TRAIN:
+      tower_collections.order_update_writes(
+          collections.added(tower_collections.UPDATE_TOWER_ID,
+                            tf1.GraphKeys.UPDATE_OPS), spec.train_op)
     return _with_sync_hook(spec, mode, replicated)
 
 

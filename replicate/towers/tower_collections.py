@@ -36,8 +36,11 @@ The lists are changed in place through the public `get_collection_ref` and
 restored in `finally` blocks; no state of this library is stored in the graph.
 """
 import contextlib
+import re
 
+from replicate import _compat
 from replicate._compat import tf1
+from replicate.core import op_kinds
 
 _KEYS = (tf1.GraphKeys.LOSSES, tf1.GraphKeys.REGULARIZATION_LOSSES,
          tf1.GraphKeys.UPDATE_OPS)
@@ -113,3 +116,70 @@ class TowerCollections(object):
     # there is something to put in it.
     if items or key in self._graph.get_all_collection_keys():
       self._graph.get_collection_ref(key)[:] = items
+
+
+_OTHER_TOWER = re.compile(r'tower_[1-9][0-9]*/')
+
+
+def order_update_writes(tower_0_updates, train_op):
+  """Makes tower 0's update ops' writes wait for the other towers' reads.
+
+  On one device a model reads what its update ops write before they write
+  it (batch renormalization reads `renorm_mean` in the forward pass and
+  updates it after; so do spectral normalization's power iteration and
+  running normalizers). Tower 0's updates are the only ones that run, and
+  nothing ordered them after the other towers' reads of the same
+  variables: a race, different from step to step. Every variable write in
+  the ops the update ops wait for is made to wait for the reads, by the
+  other towers' ops that `train_op` runs, of that variable (a reference
+  variable's reads are the consumers of its snapshot, which aliases it).
+  A write that such a read itself waits for is left as it is.
+
+  Args:
+    tower_0_updates: tower 0's `UPDATE_OPS` entries.
+    train_op: the step's training op.
+  """
+  cone = _backward_cone(filter(None, map(op_kinds.op_of, tower_0_updates)))
+  in_step = None
+  for variable_op in sorted(cone, key=lambda op: op.name):
+    if variable_op.type not in op_kinds.VARIABLE_OP_TYPES:
+      continue
+    writes = op_kinds.variable_writes(variable_op, within=cone)
+    reads = _other_tower_reads(variable_op) if writes else None
+    if not reads:
+      continue
+    if in_step is None:
+      in_step = _backward_cone([op_kinds.op_of(train_op)])
+    reads = [read for read in reads if read in in_step]
+    if not reads:
+      continue
+    after_writes = _backward_cone(reads)
+    for write in writes:
+      if write not in after_writes:
+        _compat.add_control_inputs(write, reads)
+
+
+def _other_tower_reads(variable_op):
+  """The ops of towers 1..N-1 that read the variable of `variable_op`."""
+  reads = []
+  for op in variable_op.outputs[0].consumers():
+    if op.type == 'ReadVariableOp' and _OTHER_TOWER.match(op.name):
+      reads.append(op)  # a resource read copies before a later write
+    elif op.type == 'Identity' and op.outputs[0].dtype != tf1.resource:
+      reads.extend(consumer for consumer in op.outputs[0].consumers()
+                   if _OTHER_TOWER.match(consumer.name))
+  return sorted(set(reads), key=lambda op: op.name)
+
+
+def _backward_cone(ops):
+  """`ops` and every op they wait for (data and control inputs)."""
+  cone = set()
+  pending = list(ops)
+  while pending:
+    op = pending.pop()
+    if op in cone:
+      continue
+    cone.add(op)
+    pending.extend(tensor.op for tensor in op.inputs)
+    pending.extend(op.control_inputs)
+  return cone

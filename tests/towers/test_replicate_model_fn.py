@@ -400,6 +400,64 @@ class UpdateOpsPolicyTest(tf.test.TestCase, parameterized.TestCase):
     # As above: tower 0's updates ran, once: 0.5 * x[0:2].mean(0).
     self.assertAllClose(0.5 * x[0:2].mean(axis=0), values['bn/moving_mean'])
 
+  @staticmethod
+  def _renorm_model_fn(features, labels, mode, params=None):
+    """Batch renormalization: the forward pass reads what updates write."""
+    del params
+    hidden = tf1.layers.dense(
+        features['x'], 3, name='hidden', kernel_initializer=(
+            tf1.constant_initializer([[.3, -.2, .5], [.1, .4, -.3]])))
+    hidden = tf1.layers.batch_normalization(
+        hidden, training=True, renorm=True, momentum=0.5,
+        renorm_momentum=0.5, name='bn')
+    prediction = tf1.layers.dense(tf.nn.tanh(hidden), 1, name='out',
+                                  kernel_initializer=tf1.ones_initializer())
+    loss = tf1.losses.mean_squared_error(labels, prediction)
+    if mode != mt.TRAIN:  # the reference's per-shard loss
+      return loss
+    optimizer = replicate.TowerOptimizer(
+        tf1.train.GradientDescentOptimizer(0.5))
+    with tf1.control_dependencies(
+        tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
+      train_op = optimizer.minimize(loss, tf1.train.get_global_step())
+    return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+  @parameterized.named_parameters(
+      ('cloned', replicate.TowerBuild.CLONE),
+      ('per_tower', replicate.TowerBuild.CALL_PER_TOWER))
+  def test_forward_reads_of_updated_variables_precede_the_update(
+      self, tower_build):
+    # Every tower reads renorm_mean / renorm_stddev as they were before the
+    # step, tower 0's update writes them after all the reads: the step is
+    # the mean of 4 one-device gradients at the initial weights, each on
+    # its shard of 3 rows (MEAN over equal shards), applied with SGD 0.5.
+    x = ((np.arange(24, dtype=np.float32).reshape(12, 2) ** 1.5 / 10) %
+         3.1).astype(np.float32)
+    labels = np.sin(np.arange(12, dtype=np.float32)).reshape(12, 1)
+    with tf.Graph().as_default():
+      shard_x = tf1.placeholder(tf.float32, [3, 2])
+      shard_labels = tf1.placeholder(tf.float32, [3, 1])
+      loss = self._renorm_model_fn({'x': shard_x}, shard_labels, mt.EVAL)
+      variables = tf1.trainable_variables()
+      gradients = tf.gradients(loss, variables)
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        initial = sess.run(variables)
+        mean = [np.mean(g, axis=0) for g in zip(*[
+            sess.run(gradients, {shard_x: x[i:i + 3],
+                                 shard_labels: labels[i:i + 3]})
+            for i in range(0, 12, 3)])]
+      expected = {v.op.name: w - 0.5 * g
+                  for v, w, g in zip(variables, initial, mean)}
+    replicate_fn = functools.partial(replicate.replicate_model_fn,
+                                     tower_build=tower_build)
+    for _ in range(3):  # a race shows in some runs, not in all
+      got = mt.train_variables(self._renorm_model_fn, {'x': x}, labels,
+                               mt.cpus(4), steps=1, replicate_fn=replicate_fn)
+      for name, value in expected.items():
+        self.assertAllClose(value, got[name], rtol=1e-5, atol=1e-6,
+                            msg=name)
+
   @parameterized.named_parameters(
       ('cloned', replicate.TowerBuild.CLONE),
       ('per_tower', replicate.TowerBuild.CALL_PER_TOWER))
