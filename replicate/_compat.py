@@ -282,15 +282,8 @@ def current_control_dependencies(graph):
 
 
 def add_control_inputs(op, controls):
-  """Makes the existing `op` wait for the ops `controls` as well.
-
-  TF's own control flow adds control edges to ops it made earlier the same
-  way; there is no public way to add one after an op is made.
-
-  Args:
-    op: an `Operation`.
-    controls: `Operation`s of the same graph.
-  """
+  """Makes the existing `op` wait for the `Operation`s `controls` too (no
+  public API; TF's own control flow adds edges to earlier ops this way)."""
   op._add_control_inputs(list(controls))  # pylint: disable=protected-access
 
 
