@@ -75,6 +75,18 @@ def as_reduce_op(aggregation):
       '/ MEAN.'.format(aggregation))
 
 
+def as_strategy_reduce_op(reduce_op):
+  """`as_reduce_op`, also taking `'SUM'` / `'MEAN'` in any case, as TF's
+  strategies and replica contexts do.
+
+  Raises:
+    InvalidArgumentError: as `as_reduce_op`.
+  """
+  if isinstance(reduce_op, str) and reduce_op.upper() in ('SUM', 'MEAN'):
+    return ReduceOp(reduce_op.upper())
+  return as_reduce_op(reduce_op)
+
+
 def as_variable_aggregation(aggregation):
   """`aggregation` as a `tf.VariableAggregation`.
 

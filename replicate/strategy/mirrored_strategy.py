@@ -276,10 +276,12 @@ class MirroredExtended(strategy_extended.StrategyExtended):
     if not isinstance(value, values_lib.DistributedValues):
       if reduce_op == ReduceOp.SUM and len(self._devices) > 1:
         raise errors.InvalidArgumentError(
+            'A non-DistributedValues value {} cannot be reduced with the '
+            'given reduce op ReduceOp.SUM. '  # TF's phrase
             'Cannot SUM the single value {!r} over {} replicas: it is not '
             'per-replica, so its replicas are unknown. Reduce a per-replica '
             'value (e.g. from call_for_each_replica), or use MEAN.'.format(
-                value, len(self._devices)))
+                value, value, len(self._devices)))
       return self._cross_tower_ops.broadcast(value, destinations)
     return self._cross_tower_ops.reduce(reduce_op, value, destinations)
 

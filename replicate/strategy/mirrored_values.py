@@ -16,10 +16,12 @@ Assignment in cross-replica context updates every copy; inside a replica,
 every copy gets the replicas' values combined by the variable's
 `aggregation`, and without one it is refused (the copies would differ).
 """
+import numpy as np
 import tensorflow as tf
 
 from replicate import _compat
 from replicate import errors
+from replicate._compat import tf1
 from replicate.core import reduce_util
 from replicate.cross_tower import values as values_lib
 from replicate.strategy import default_strategy
@@ -107,7 +109,29 @@ class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):
         '_index', '_devices', '_strategy', '_replica_ids',
         '_assign_in_replica_allowed'):
       raise AttributeError(name)
+    if name == '_lazy_read':
+      # What `tf.compat.v1.scatter_*` return through: they write one
+      # copy's handle (TF 1.15's mirrored variables have no `_lazy_read`
+      # either).
+      raise AttributeError(
+          "'MirroredVariable' object has no attribute '_lazy_read': "
+          'tf.compat.v1.scatter_* would update one copy of {} only. Update '
+          'every copy: strategy.extended.update(var, fn, args=(...)).'
+          .format(self.primary.op.name))
     return getattr(self._local_copy(), name)
+
+  @property
+  def distribute_strategy(self):
+    """The strategy whose scope created this variable (TF's name)."""
+    return self._strategy
+
+  def _one_copy_write(self, method):
+    raise NotImplementedError(
+        'MirroredVariable.{} of {} would update one copy only, and the '
+        'copies would differ (TF 1.15 does not implement it either). Update '
+        'every copy: strategy.extended.update(var, lambda copy, *args: '
+        'copy.{}(*args), args=(...)).'.format(
+            method, self.primary.op.name, method))
 
   def _gather_saveables_for_checkpoint(self):
     copies = self.values
@@ -174,6 +198,9 @@ class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):
         raises) if the variable's aggregation is NONE (each replica
         would assign its own value and the copies would differ).
       ContextError: for a variable that refuses assignments in replicas.
+      InvalidArgumentError: (TF's ValueError) for aggregation SUM and the
+        same nonzero Python value in every replica: no per-replica value to
+        sum.
     """
     aggregation = reduce_util.as_variable_aggregation(
         self.primary.aggregation)
@@ -198,18 +225,34 @@ class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):
           'lambda strategy: strategy.extended.update(var, fn)).'.format(
               where))
 
+    # Python data, which the merge sees as one value where every replica
+    # passed the same (as TF's does).
+    python_value = None if _is_graph_value(value) else value
     # Each replica's value, as a tensor of the variable's dtype on its
-    # device (a Python number too: every replica contributes its own).
+    # device.
     value = tf.convert_to_tensor(value, dtype=self.primary.dtype.base_dtype)
 
-    def merge_fn(strategy, value):
+    def merge_fn(strategy, value, python_value):
+      leaves = tf.nest.flatten(python_value)
+      if (aggregation == tf.VariableAggregation.SUM and
+          python_value is not None and not any(
+              isinstance(leaf, values_lib.DistributedValues)
+              for leaf in leaves) and np.any(np.asarray(leaves) != 0)):
+        # The same Python value in every replica is not per-replica: TF
+        # refuses to sum it (a MEAN of it is the value itself).
+        raise errors.InvalidArgumentError(
+            'A non-DistributedValues value {} cannot be reduced with the '
+            'given reduce op ReduceOp.SUM. '  # TF's phrase
+            '{}, with the same Python value in every replica, for a '
+            'variable of aggregation SUM. Pass a tensor computed in the '
+            'replica.'.format(python_value, where))
       if aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA:
         first = strategy.experimental_local_results(value)[0]
         combined = strategy.extended.broadcast_to(first, self)
       else:
         combined = strategy.extended.reduce_to(aggregation, value, self)
       return strategy.extended.update(self, update, args=(combined,))
-    return replica.merge_call(merge_fn, args=(value,))
+    return replica.merge_call(merge_fn, args=(value, python_value))
 
   def assign(self, value, use_locking=None, name=None, read_value=True):
     """Assigns `value` to every copy (cross-replica) or to the updated copy.
@@ -257,6 +300,33 @@ def _convert_to_tensor(var, dtype=None, name=None, as_ref=False):
 
 
 tf.register_tensor_conversion_function(MirroredVariable, _convert_to_tensor)
+
+
+def _is_graph_value(value):
+  """Whether `value` is a tensor, variable or distributed value (not Python
+  or NumPy data)."""
+  return isinstance(value, (tf.Tensor, tf.Variable, tf.IndexedSlices,
+                            tf1.Operation, values_lib.DistributedValues))
+
+
+def _one_copy_write(name):
+  def refuse(self, *args, **kwargs):
+    del args, kwargs
+    self._one_copy_write(name)  # pylint: disable=protected-access
+  refuse.__name__ = name
+  refuse.__doc__ = 'Raises NotImplementedError: it would update one copy.'
+  return refuse
+
+
+# Writes of a resource variable that `assign` does not cover: on a
+# MirroredVariable they would reach the local copy only.
+_ONE_COPY_WRITES = (
+    'scatter_sub', 'scatter_add', 'scatter_max', 'scatter_min',
+    'scatter_mul', 'scatter_div', 'scatter_update', 'batch_scatter_update',
+    'scatter_nd_sub', 'scatter_nd_add', 'scatter_nd_update',
+    'scatter_nd_max', 'scatter_nd_min', 'load', 'count_up_to')
+for _name in _ONE_COPY_WRITES:
+  setattr(MirroredVariable, _name, _one_copy_write(_name))
 
 
 def _operator(name):

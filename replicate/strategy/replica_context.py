@@ -117,7 +117,7 @@ class ReplicaContext(object):
       InvalidArgumentError: for another reduce op.
     """
     require_replica_context(self, 'all_reduce')
-    reduce_op = reduce_util.as_reduce_op(reduce_op)
+    reduce_op = reduce_util.as_strategy_reduce_op(reduce_op)
     return self._all_reduce(reduce_op, value)
 
   def _all_reduce(self, reduce_op, value):

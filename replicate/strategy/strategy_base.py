@@ -262,9 +262,7 @@ class Strategy(object):
       InvalidTypeError: if `axis` is neither None nor an int.
     """
     require_cross_replica_or_default_context(self._extended, 'reduce')
-    if isinstance(reduce_op, str) and reduce_op.upper() in ('SUM', 'MEAN'):
-      reduce_op = ReduceOp(reduce_op.upper())
-    reduce_op = reduce_util.as_reduce_op(reduce_op)
+    reduce_op = reduce_util.as_strategy_reduce_op(reduce_op)
     extended = self._extended
     if axis is None:
       return extended._reduce(reduce_op, value)  # pylint: disable=protected-access

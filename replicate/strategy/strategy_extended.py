@@ -19,10 +19,11 @@ from replicate.strategy import input_lib
 
 def _wrong_strategy_error(strategy, context):
   return errors.ContextError(
+      'Mixing different tf.distribute.Strategy objects: {} is not {}. '  # TF
       'Mixing different strategies: {} was used inside the {} of another '
       'strategy, {}. Use one strategy at a time: leave the other scope first.'
-      .format(describe_strategy(strategy), _describe_context(context),
-              describe_strategy(context.strategy)))
+      .format(context.strategy, strategy, describe_strategy(strategy),
+              _describe_context(context), describe_strategy(context.strategy)))
 
 
 def describe_strategy(strategy):
@@ -58,6 +59,8 @@ def require_cross_replica_or_default_context(extended, method):
   if context.strategy is not strategy:
     raise _wrong_strategy_error(strategy, context)
   raise errors.ContextError(
+      'Method requires being in cross-replica context, use '
+      'get_replica_context().merge_call(). '  # TF's phrase
       '{} must be called in a cross-replica context, but was called inside a '
       'replica (replica {}). Call it from a merge function: '
       'get_replica_context().merge_call(fn) runs fn(strategy, ...) in the '
@@ -93,10 +96,12 @@ def require_replica_context(replica_ctx, method=None):
     return
   if context.replica_context is None:
     raise errors.ContextError(
+        'Need to be inside `call_for_each_replica()`. '  # TF's phrase
         '{} must be called in its replica context, but was called in a '
         'cross-replica context (a strategy scope or a merge function). Call '
         'it from the function given to call_for_each_replica.'.format(what))
   raise errors.ContextError(
+      'Mismatching ReplicaContext. '  # TF's phrase
       '{} was called on a replica context that is not the current one '
       '(current: replica {} of {}, called on: replica {} of {}). '
       'Use get_replica_context() for the current one.'.format(
@@ -257,7 +262,7 @@ class StrategyExtended(object):
       InvalidArgumentError: for another reduce op or empty destinations.
     """
     require_cross_replica_or_default_context(self, 'reduce_to')
-    reduce_op = reduce_util.as_reduce_op(reduce_op)
+    reduce_op = reduce_util.as_strategy_reduce_op(reduce_op)
     _check_destinations(destinations)
     return self._reduce_to(reduce_op, value, destinations)
 
@@ -274,14 +279,16 @@ class StrategyExtended(object):
     Raises:
       ContextError: inside a replica.
       InvalidArgumentError: for another reduce op or empty destinations.
-      InvalidTypeError: if the pairs are not a list of pairs.
+      InvalidArgumentTypeError: (TF's ValueError, and a TypeError) if the
+        pairs are not a list of pairs.
     """
     require_cross_replica_or_default_context(self, 'batch_reduce_to')
-    reduce_op = reduce_util.as_reduce_op(reduce_op)
+    reduce_op = reduce_util.as_strategy_reduce_op(reduce_op)
     if not isinstance(value_destination_pairs, (list, tuple)) or not all(
         isinstance(p, (list, tuple)) and len(p) == 2
         for p in value_destination_pairs):
-      raise errors.InvalidTypeError(
+      raise errors.InvalidArgumentTypeError(
+          'Each element of `value_destination_pairs` should be a tuple. '
           'batch_reduce_to needs a list of (value, destinations) pairs, got '
           '{!r}.'.format(value_destination_pairs))
     for _, destinations in value_destination_pairs:
@@ -371,6 +378,11 @@ class StrategyExtended(object):
   def worker_devices(self):
     """The devices replicas run on, one per replica, as a tuple."""
     return self._worker_devices()
+
+  @property
+  def worker_devices_by_replica(self):
+    """For each replica, the list of devices it runs on (one each here)."""
+    return [[device] for device in self.worker_devices]
 
   @property
   def parameter_devices(self):

@@ -1243,6 +1243,96 @@ class RunStepsErrorsTest(tf.test.TestCase):
             step_fn, iterator, iterations=0)
 
 
+class TfParityTest(parameterized.TestCase, tf.test.TestCase):
+  """What TF 1.15's MirroredStrategy does or says, where it does."""
+
+  def _variable(self, strategy):
+    with strategy.scope():
+      return tf1.get_variable('v', initializer=[1., 2.])
+
+  @parameterized.parameters('scatter_add', 'scatter_update', 'scatter_sub',
+                            'load', 'count_up_to')
+  def test_writes_of_one_copy_are_refused(self, method):
+    # They would reach one copy: TF 1.15 does not implement them either.
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      v = self._variable(strategy)
+      with self.assertRaisesRegex(
+          NotImplementedError, 'MirroredVariable.{} of v would update one '
+          'copy only.*strategy.extended.update'.format(method)):
+        getattr(v, method)(tf.IndexedSlices(tf.constant([10.]),
+                                            tf.constant([0])))
+
+  def test_state_ops_scatter_is_refused(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      v = self._variable(strategy)
+      with self.assertRaisesRegex(AttributeError, '_lazy_read.*one copy'):
+        tf1.scatter_add(v, [0], [10.])
+
+  def test_scatter_through_update_reaches_every_copy(self):
+    # [1, 2] + 10 at row 0, on each of the 4 copies.
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      v = self._variable(strategy)
+      update = strategy.extended.update(
+          v, lambda copy: copy.scatter_add(tf.IndexedSlices(
+              tf.constant([10.]), tf.constant([0]))))
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run(v.initializer)
+        sess.run(strategy.unwrap(update))
+        self.assertAllEqual([[11., 2.]] * NUM, sess.run(list(v.values)))
+
+  def test_distribute_strategy_and_worker_devices_by_replica(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      v = self._variable(strategy)
+      self.assertIs(strategy, v.distribute_strategy)
+    self.assertEqual([[d] for d in strategy.extended.worker_devices],
+                     strategy.extended.worker_devices_by_replica)
+
+  @parameterized.parameters('MEAN', 'mean', 'SUM')
+  def test_reduce_ops_as_strings(self, name):
+    # 1 + 2 + 3 + 4 = 10, mean 2.5.
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      per_replica = strategy.experimental_run_v2(
+          lambda: tf.cast(replicate.get_replica_context()
+                          .replica_id_in_sync_group + 1, tf.float32))
+      reduced = strategy.extended.reduce_to(name, per_replica, DEVICES[0])
+      with tf1.Session(config=CONFIG) as sess:
+        self.assertAllClose(10. if name == 'SUM' else 2.5,
+                            sess.run(strategy.unwrap(reduced))[0])
+
+  def test_tf_phrases(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with self.assertRaisesRegex(
+          RuntimeError, r'Method requires being in cross-replica context, '
+          r'use get_replica_context\(\).merge_call\(\)'):
+        strategy.experimental_run_v2(
+            lambda: strategy.extended.reduce_to(SUM, 1., DEVICES[0]))
+      def merge_in_merge():
+        context = replicate.get_replica_context()
+        return context.merge_call(
+            lambda _: context.merge_call(lambda _: None))
+      with self.assertRaisesRegex(
+          RuntimeError, r'Need to be inside `call_for_each_replica\(\)`'):
+        strategy.experimental_run_v2(merge_in_merge)
+      with self.assertRaisesRegex(
+          RuntimeError, 'Mixing different tf.distribute.Strategy objects'):
+        with strategy.scope():
+          _strategy().extended.reduce_to(SUM, 1., DEVICES[0])
+      with self.assertRaisesRegex(
+          ValueError, 'A non-DistributedValues value 1.0 cannot be reduced '
+          'with the given reduce op ReduceOp.SUM'):
+        strategy.extended.reduce_to(SUM, 1.0, DEVICES[0])
+      with self.assertRaisesRegex(
+          ValueError, 'Each element of `value_destination_pairs` should be '
+          'a tuple'):
+        strategy.extended.batch_reduce_to(SUM, [1.0])
+
+
 class ConstructionTest(tf.test.TestCase):
 
   def test_bad_arguments(self):

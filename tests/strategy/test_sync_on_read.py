@@ -209,21 +209,44 @@ class AggregatedAssignTest(parameterized.TestCase, tf.test.TestCase):
         self.assertAllEqual(sess.run(list(v.values)), [combined] * NUM)
 
   def test_python_numbers_are_each_replicas_value(self):
-    # Every replica passes 1: SUM gives 4, and the global step (created
-    # with ONLY_FIRST_REPLICA, as TF does) advances once.
+    # Replica i passes i + 1 (a different Python number each): SUM gives
+    # 1 + 2 + 3 + 4 = 10; the same 1 in every replica is one value, whose
+    # MEAN is 1 and whose ONLY_FIRST_REPLICA (the global step's aggregation,
+    # as in TF) is 1 too.
     strategy = _strategy()
     with tf.Graph().as_default():
       with strategy.scope():
         total = tf1.get_variable('total', [], aggregation=AGG.SUM,
                                  initializer=tf1.zeros_initializer())
+        mean = tf1.get_variable('mean', [], aggregation=AGG.MEAN,
+                                initializer=tf1.zeros_initializer())
         step = tf1.train.get_or_create_global_step()
       updates = strategy.experimental_run_v2(
-          lambda: (total.assign_add(1), step.assign_add(1)))
+          lambda: (total.assign_add(_replica_plus_one()),
+                   mean.assign_add(1.), step.assign_add(1)))
       with tf1.Session(config=CONFIG) as sess:
         sess.run(tf1.global_variables_initializer())
         sess.run([strategy.unwrap(u) for u in updates])
-        self.assertAllEqual(sess.run(list(total.values)), [4.0] * NUM)
+        self.assertAllEqual(sess.run(list(total.values)), [10.0] * NUM)
+        self.assertAllEqual(sess.run(list(mean.values)), [1.0] * NUM)
         self.assertAllEqual(sess.run(list(step.values)), [1] * NUM)
+
+  @parameterized.parameters((1.0,), ([1.0, 2.0],))
+  def test_the_same_python_value_is_not_summed(self, value):
+    # TF refuses: one value in every replica is not per-replica (it would
+    # be summed 4 times). Zero sums to zero, and is allowed.
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with strategy.scope():
+        total = tf1.get_variable('total', np.shape(value),
+                                 aggregation=AGG.SUM,
+                                 initializer=tf1.zeros_initializer())
+      with self.assertRaisesRegex(
+          ValueError, r'A non-DistributedValues value .* cannot be reduced '
+          r'with the given reduce op ReduceOp.SUM'):
+        strategy.experimental_run_v2(lambda: total.assign_add(value))
+      strategy.experimental_run_v2(
+          lambda: total.assign_add(np.zeros_like(value)))
 
   def test_metrics_inside_replicas_still_raise(self):
     # tf.compat.v1.metrics combine through tf.distribute's own replica
