@@ -45,11 +45,16 @@ def apply_accumulated(apply_fn, grads_and_vars, steps, scale, global_step,
         'No gradients were given for any of the variables {}; check that the '
         'loss depends on them.'.format([v.name for _, v in grads_and_vars]))
   with tf1.name_scope('gradient_accumulation'):
-    accumulators = [_accumulator(v, g) for g, v in pairs]
-    with tf1.colocate_with(pairs[0][1]):
-      counter = tf1.Variable(
-          0, dtype=tf.int64, trainable=False, name='micro_step',
-          collections=[tf1.GraphKeys.LOCAL_VARIABLES], use_resource=True)
+    # Outside the control dependencies the update is built under (a model's
+    # `control_dependencies(update_ops)`, the towers' gradients): else the
+    # local variables' initializer would run the model's step, input and
+    # all, before the input is initialized.
+    with tf1.control_dependencies(None):
+      accumulators = [_accumulator(v, g) for g, v in pairs]
+      with tf1.colocate_with(pairs[0][1]):
+        counter = tf1.Variable(
+            0, dtype=tf.int64, trainable=False, name='micro_step',
+            collections=[tf1.GraphKeys.LOCAL_VARIABLES], use_resource=True)
     adds = [op for accumulator, (g, _) in zip(accumulators, pairs)
             for op in accumulator.add(g)]
     with tf.control_dependencies(adds):

@@ -43,12 +43,18 @@ def _model_fn(features, labels, mode, params):
       labels, logits, reduction=params['reduction'])
   optimizer = replicate.TowerOptimizer(params['optimizer_fn'],
                                        **params['tower_optimizer'])
-  train_op = optimizer.minimize(loss, tf1.train.get_global_step())
+  # What models put around minimize (update ops, asserts) depends on the
+  # input: the accumulators' initial values must not.
+  dependencies = ([tf.reduce_sum(features['x'])]
+                  if params.get('input_dependency') else [])
+  with tf1.control_dependencies(dependencies):
+    train_op = optimizer.minimize(loss, tf1.train.get_global_step())
   return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
 def _train(model_dir, batch_size, global_steps, optimizer, reduction,
-           num_towers=2, **tower_optimizer):
+           num_towers=2, tower_build=replicate.TowerBuild.CLONE,
+           input_dependency=False, **tower_optimizer):
   """Trains an Estimator; returns (its variables, its global step)."""
   x, y = _rows(32)
 
@@ -59,13 +65,14 @@ def _train(model_dir, batch_size, global_steps, optimizer, reduction,
   estimator = tf1.estimator.Estimator(
       replicate.replicate_model_fn(
           _model_fn, devices=replicate.testing.virtual_cpu_devices(num_towers),
-          loss_reduction=reduction),
+          loss_reduction=reduction, tower_build=tower_build),
       model_dir=model_dir,
       config=tf1.estimator.RunConfig(
           session_config=replicate.testing.virtual_cpu_config(num_towers),
           tf_random_seed=0, save_summary_steps=None),
       params={'optimizer_fn': _OPTIMIZERS[optimizer], 'reduction': reduction,
-              'tower_optimizer': tower_optimizer})
+              'tower_optimizer': tower_optimizer,
+              'input_dependency': input_dependency})
   estimator.train(input_fn, steps=global_steps)
   names = ['hidden/kernel', 'hidden/bias', 'logits/kernel', 'logits/bias']
   return ({n: estimator.get_variable_value(n) for n in names},
@@ -103,6 +110,28 @@ class AccumulationTest(parameterized.TestCase, tf.test.TestCase):
                            reduction)
     self.assertNotAllClose(one_update['hidden/kernel'],
                            accumulated['hidden/kernel'])
+
+  @parameterized.named_parameters(
+      ('one_tower', 1, replicate.TowerBuild.CLONE),
+      ('copies', 2, replicate.TowerBuild.CLONE),
+      ('calls', 2, replicate.TowerBuild.CALL_PER_TOWER))
+  def test_under_control_dependencies_on_the_input(self, num_towers,
+                                                   tower_build):
+    # minimize inside control_dependencies of an input-dependent op (the
+    # batch-norm idiom's shape): the local-variable initializer ran the
+    # step and failed on the uninitialized input iterator. As above, 2
+    # updates of 2 micro-batches of 16 rows equal 2 of 32 rows.
+    accumulated, step = _train(
+        self.get_temp_dir() + '/k2', 16, 2, 'momentum',
+        tf1.losses.Reduction.MEAN, num_towers, tower_build,
+        input_dependency=True, accumulation_steps=2)
+    whole, _ = _train(self.get_temp_dir() + '/k1', 32, 2, 'momentum',
+                      tf1.losses.Reduction.MEAN, num_towers, tower_build,
+                      input_dependency=True)
+    self.assertEqual(2, step)
+    for name, value in whole.items():
+      self.assertAllClose(value, accumulated[name], rtol=1e-5, atol=1e-6,
+                          msg=name)
 
   def test_one_tower_accumulates_too(self):
     accumulated, step = _train(self.get_temp_dir() + '/k2', 16, 1, 'sgd',
