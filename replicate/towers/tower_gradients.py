@@ -239,10 +239,16 @@ def _apply_replicated(replication, optimizer, tower_grads, global_step, name,
     reduced = [[(_decompressed(grad, contexts, var, settings), var)
                 for grad, var in pairs] for pairs in reduced]
   replicated.make_slots(optimizer, reduced)
+  # A variable without copies (one not trainable, given in `var_list`) is
+  # the same in every tower's pairs: applied once, the all-reduced sum, as
+  # the other placements apply it.
+  applied = list(reduced[0]) + [
+      pair for pairs in reduced[1:] for index, pair in enumerate(pairs)
+      if pair[1] is not reduced[0][index][1]]
   train_op, update_ops = gradient_gating.ops_created_by(
       replication.graph, lambda: apply_once(
-          optimizer, [pair for pairs in reduced for pair in pairs],
-          global_step, name, settings, replication.loss_reduction))
+          optimizer, applied, global_step, name, settings,
+          replication.loss_reduction))
   replicated.note_updates(update_ops)
   replicated.adopt_slots(optimizer, reduced)
   return train_op

@@ -215,6 +215,40 @@ class ReplicatedTest(tf.test.TestCase, parameterized.TestCase):
                           atol=1e-6, msg=name)
 
   @parameterized.parameters('sgd', 'adam')
+  def test_variable_without_copies_in_var_list_is_applied_once(
+      self, optimizer):
+    # A variable made trainable=False and passed to minimize by hand has no
+    # copies: every tower names it. It was updated once per tower (4 times).
+    def model_fn(features, labels, mode, params):
+      del params
+      scale = tf1.get_variable('scale', [], trainable=False,
+                               initializer=tf1.constant_initializer(1.5))
+      logits = scale * tf1.layers.dense(
+          features['x'], 1, name='logits',
+          kernel_initializer=tf1.glorot_uniform_initializer(seed=9))
+      loss = tf1.losses.sigmoid_cross_entropy(labels, logits)
+      train_op = replicate.TowerOptimizer(_OPTIMIZERS[optimizer]).minimize(
+          loss, tf1.train.get_global_step(),
+          var_list=tf1.trainable_variables() + [scale])
+      return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    results = []
+    for kwargs in (_ONE, _REPLICATED):
+      model_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
+      tf1.estimator.Estimator(
+          replicate.replicate_model_fn(model_fn, **kwargs),
+          model_dir=model_dir, config=tf1.estimator.RunConfig(
+              session_config=replicate.testing.virtual_cpu_config(
+                  _NUM_CPUS))).train(_input_fn(), steps=3)
+      results.append(_checkpoint(model_dir))
+    one, replicated = results
+    self.assertEqual(sorted(one), sorted(replicated))
+    self.assertNotAllClose(1.5, one['scale'])  # it trains
+    for name in one:
+      self.assertAllClose(one[name], replicated[name], rtol=1e-5, atol=1e-6,
+                          msg=name)
+
+  @parameterized.parameters('sgd', 'adam')
   def test_saver_of_model_fn_restores_every_copy(self, optimizer):
     # The scaffold's Saver restores tower 0's variables when the second
     # train() starts; its restore ops write them, and are no forward-pass
