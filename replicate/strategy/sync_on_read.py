@@ -15,9 +15,9 @@ mirrored variable, but its copies are not kept equal:
   sets every copy, to value / n under SUM so that the copies add up to the
   value; `assign_add` / `assign_sub` change every copy, and are refused
   under SUM (the sum would change n times over). They return the combined
-  new value (TF 1.15 returns the op, which `read_value=False` gives here:
-  code that expects an assignment's value, such as Keras' batch
-  normalization built in cross-replica context, gets one).
+  new value (TF 1.15 returns the op, which `read_value=False` gives here,
+  and NONE always: code that expects an assignment's value, such as Keras'
+  batch normalization built in cross-replica context, gets one).
 * `tf.compat.v1.train.Saver` saves the combined value under the primary's
   name, as one device names the variable, and restores it as `assign` does.
 
@@ -88,6 +88,8 @@ class SyncOnReadVariable(MirroredVariable):
     name = self.primary.op.name
     if self._aggregation == tf.VariableAggregation.NONE:
       raise errors.InvalidArgumentError(
+          'Could not convert from `tf.VariableAggregation` '
+          'VariableAggregation.NONE to`tf.distribute.ReduceOp` type. '  # TF
           'ON_READ variable {} has aggregation NONE, so its per-replica '
           'copies cannot be combined when it is read (or saved) across '
           'replicas. Create it with aggregation=tf.VariableAggregation.SUM, '
@@ -156,6 +158,10 @@ class SyncOnReadVariable(MirroredVariable):
         with tf.device(copy.device):
           updates.append(getattr(copy, method)(
               value, use_locking=use_locking, read_value=False))
+    # Without an aggregation there is no combined value to read back: the
+    # op, as TF returns.
+    read_value = read_value and (
+        self._aggregation != tf.VariableAggregation.NONE)
     group = tf.group(*updates, name=None if read_value else name)
     if not read_value:
       return group

@@ -120,6 +120,19 @@ class SyncOnReadTest(parameterized.TestCase, tf.test.TestCase):
         if method == 'assign':
           self.assertAllEqual(sess.run(list(v.values)), expected)
 
+  def test_assign_without_aggregation_sets_every_copy(self):
+    # As TF: no combined value to return, so the op; every copy gets 2.
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with strategy.scope():
+        unset = _on_read('unset', AGG.NONE)
+      assign = unset.assign(2.0)
+      self.assertIsInstance(assign, tf1.Operation)
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(assign)
+        self.assertAllEqual([2.0] * NUM, sess.run(list(unset.values)))
+
   def test_errors(self):
     strategy = _strategy()
     with tf.Graph().as_default():
@@ -137,8 +150,9 @@ class SyncOnReadTest(parameterized.TestCase, tf.test.TestCase):
           total.assign_add(1.0)
         with self.assertRaisesRegex(
             errors.InvalidArgumentError,
-            'ON_READ variable unset has aggregation NONE.*cannot be '
-            'combined'):
+            'Could not convert from `tf.VariableAggregation` '
+            'VariableAggregation.NONE.*ON_READ variable unset has '
+            'aggregation NONE.*cannot be combined'):
           unset.read_value()
         with self.assertRaisesRegex(
             errors.InvalidArgumentError,
