@@ -167,8 +167,19 @@ class DatasetIterator(_IteratorBase):
 
     Raises:
       InvalidTypeError: if `dataset` is not a dataset.
+      InvalidArgumentError: (TF's ValueError) if a component of its elements
+        has rank 0, so that there is no batch to split.
     """
     _check_dataset(dataset, 'dataset')
+    if devices is not None and len(devices) > 1:
+      for shape in tf.nest.flatten(tf1.data.get_output_shapes(dataset)):
+        if shape.rank == 0:
+          raise errors.InvalidArgumentError(
+              'Input shape should have at least one dimension. Perhaps your '
+              'input dataset is not batched? '  # TF's phrase
+              'The dataset gives scalars, which cannot be split across {} '
+              'replicas: batch it (dataset.batch(global_batch_size)).'.format(
+                  len(devices)))
     super(DatasetIterator, self).__init__(dataset, devices, one_shot)
 
   def get_next(self, name=None):

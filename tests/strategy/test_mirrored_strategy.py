@@ -836,13 +836,17 @@ class InputTest(tf.test.TestCase):
                       contexts[0].num_replicas_in_sync), (1, 0, NUM))
 
   def test_scalar_input_cannot_be_split(self):
+    # An unbatched dataset is refused where the iterator is made, as TF
+    # does, with TF's phrase.
     strategy = _strategy()
     with tf.Graph().as_default():
-      iterator = strategy.make_dataset_iterator(tf.data.Dataset.range(3))
-      with self.assertRaisesRegex(errors.InvalidArgumentError,
-                                  'Cannot split the scalar input .* among 4 '
-                                  'replicas'):
-        iterator.get_next()
+      for make in (strategy.make_dataset_iterator,
+                   lambda d: strategy.experimental_distribute_dataset(
+                       d).make_initializable_iterator()):
+        with self.assertRaisesRegex(
+            ValueError, 'Input shape should have at least one dimension. '
+            'Perhaps your input dataset is not batched?.*4 replicas'):
+          make(tf.data.Dataset.range(3))
 
   def test_numpy_iterator(self):
     strategy = _strategy()
