@@ -86,7 +86,10 @@ def split_batch(features, labels, num_shards, device, unsplit_features=()):
       from the batch's (the first value split). A size known only at run time
       is checked by an assertion that fails the step with the same
       explanation. Or if `unsplit_features` names a missing feature.
-    InvalidTypeError: if a value is neither a `Tensor` nor a `SparseTensor`.
+    InvalidTypeError: if a value is neither a `Tensor` nor a `SparseTensor`
+      (a `RaggedTensor` included).
+  A value to split of unknown rank is asserted at run time to have a
+  dimension 0, naming it.
   """
   check_unsplit_names(features, unsplit_features)
   with tf1.name_scope('split_inputs'), tf1.device(device):
@@ -138,9 +141,26 @@ def _leaves(nest, what, unsplit_features):
   leaves = []
   for value, name in zip(flat, names):
     value = _converted(value, name)
-    leaves.append(_Leaf(value, name, name not in unsplit_names and
-                        _rank(value) != 0))
+    leaf = _Leaf(value, name, name not in unsplit_names and _rank(value) != 0)
+    if leaf.split and _rank(value) is None:
+      _assert_has_rows(leaf, unsplit_features)
+    leaves.append(leaf)
   return leaves
+
+
+def _assert_has_rows(leaf, unsplit_features):
+  """Fails the step, naming `leaf`, if its value of unknown rank is a
+  scalar (which has no rows to split)."""
+  check = tf1.assert_rank_at_least(
+      leaf.value, 1, message=(
+          '{} has no static rank and is split along dimension 0 into the '
+          "towers' shards, but it is a scalar. Give it a static shape "
+          '(set_shape), or pass replicate_model_fn(..., unsplit_features=['
+          '...]) naming it to give it whole to every tower{}.'.format(
+              leaf.name, ' (unsplit_features is {!r})'.format(
+                  list(unsplit_features)) if unsplit_features else '')))
+  with tf1.control_dependencies([check]):
+    leaf.value = tf.identity(leaf.value)
 
 
 def _shards(nest, leaves, num_shards, start):
@@ -167,6 +187,11 @@ def _leaf_names(nest, what):
 def _converted(value, name):
   if isinstance(value, (tf1.SparseTensor, tf1.SparseTensorValue)):
     return tf1.SparseTensor.from_value(value)
+  if isinstance(value, tf.RaggedTensor):
+    raise errors.InvalidTypeError(
+        '{} is a tf.RaggedTensor; features and labels are split as Tensors '
+        'or SparseTensors. Convert it in input_fn: value.to_sparse(), or '
+        'value.to_tensor() (padded).'.format(name))
   try:
     return tf1.convert_to_tensor(value)
   except (TypeError, ValueError) as e:

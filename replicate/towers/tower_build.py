@@ -175,9 +175,9 @@ def build(model_fn, features, labels, mode, params, config, placement,
       rows = _static_rows(split)
     spec = tower_specs.merge(mode, specs, metric_variables, aggregation_device,
                              replication.applying_tower_id, rows,
-                             tf.nest.flatten((feature_shards[0],
-                                              label_shards[0]),
-                                             expand_composites=True))
+                             [t for t in tf.nest.flatten(
+                                 (feature_shards[0], label_shards[0]),
+                                 expand_composites=True) if t is not None])
     if mode == ModeKeys.TRAIN:
       tower_collections.order_update_writes(
           collections.added(tower_collections.UPDATE_TOWER_ID,

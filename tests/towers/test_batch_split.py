@@ -95,6 +95,31 @@ class SplitBatchTest(tf.test.TestCase):
                                   'Tensor, a SparseTensor'):
         batch_split.split_batch({'x': object()}, None, 2, '/cpu:0')
 
+  def test_ragged_tensor_is_refused_with_the_fix(self):
+    with tf.Graph().as_default():
+      ragged = tf.ragged.constant([[1.], [2., 3.]])
+      with self.assertRaisesRegex(
+          TypeError, r"features\['r'\] is a tf.RaggedTensor.*to_sparse\(\)"):
+        batch_split.split_batch({'r': ragged}, None, 2, '/cpu:0')
+
+  def test_value_of_unknown_rank_must_have_rows(self):
+    # Split like any value (a [4, 1] batch gives [2, 1] shards); a scalar
+    # fails the step naming it and unsplit_features.
+    with tf.Graph().as_default():
+      value = tf1.placeholder(tf.float32, shape=None)
+      shards = batch_split.split_batch(
+          {'x': tf.zeros([4, 1]), 'v': value}, None, 2,
+          '/cpu:0').feature_shards
+      with tf1.Session() as sess:
+        self.assertAllEqual([[3.], [4.]], sess.run(
+            shards[1]['v'], {value: [[1.], [2.], [3.], [4.]]}))
+        with self.assertRaisesRegex(
+            tf.errors.InvalidArgumentError,
+            # (TF escapes the quotes of features['v'] in the message.)
+            r"features\[\\?'v\\?'\] has no static rank .* but it is a "
+            'scalar.*unsplit_features'):
+          sess.run(shards[1]['v'], {value: 2.0})
+
   def test_split_runs_on_given_device(self):
     with tf.Graph().as_default():
       shards = batch_split.split_batch(tf.zeros([4]), None, 2,

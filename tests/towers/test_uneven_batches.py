@@ -93,6 +93,44 @@ def _config(model_dir):
       log_step_count_steps=None)
 
 
+class LabelsNoneTest(tf.test.TestCase):
+
+  def test_evaluate_without_labels(self):
+    # input_fn gives features only; 13 rows in batches of 5 (the last of 3)
+    # on 4 towers: rows counted at run time.
+    def model_fn(features, labels, mode):
+      assert labels is None
+      prediction = tf1.layers.dense(
+          features['x'], 1, name='out',
+          kernel_initializer=tf1.glorot_uniform_initializer(seed=2))
+      loss = tf1.losses.mean_squared_error(features['y'], prediction)
+      train_op = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1)).minimize(
+              loss, tf1.train.get_global_step())
+      return tf1.estimator.EstimatorSpec(
+          mode, loss=loss, train_op=train_op,
+          eval_metric_ops={'mean': tf1.metrics.mean(prediction)})
+
+    def input_fn():
+      return tf1.data.Dataset.from_tensor_slices(
+          {'x': _X[:13], 'y': _Y[:13]}).batch(5)
+
+    root = self.get_temp_dir() + '/labels_none'
+    one = tf1.estimator.Estimator(model_fn, config=_config(root + '/one'))
+    one.train(input_fn, steps=1)
+    many = tf1.estimator.Estimator(
+        replicate.replicate_model_fn(
+            model_fn, devices=replicate.testing.virtual_cpu_devices(TOWERS)),
+        config=_config(root + '/many'))
+    checkpoint = one.latest_checkpoint()
+    expected = one.evaluate(input_fn, checkpoint_path=checkpoint)
+    metrics = many.evaluate(input_fn, checkpoint_path=checkpoint)
+    self.assertCountEqual(expected, metrics)
+    for key in expected:
+      self.assertAllClose(expected[key], metrics[key], rtol=1e-5,
+                          atol=1e-6, msg=key)
+
+
 class UnevenBatchEstimatorTest(tf.test.TestCase, parameterized.TestCase):
 
   def _compare(self, size, batch, reduction=Reduction.SUM_BY_NONZERO_WEIGHTS,
