@@ -22,6 +22,10 @@ A facade: the implementation is in `replicate/strategy/`.
 """
 # pylint: disable=g-importing-member,unused-import
 from replicate.core.reduce_util import ReduceOp
+from replicate.strategy.context_rules import (
+    require_cross_replica_or_default_context,
+)
+from replicate.strategy.context_rules import require_replica_context
 from replicate.strategy.default_strategy import get_cross_replica_context
 from replicate.strategy.default_strategy import get_replica_context
 from replicate.strategy.default_strategy import get_strategy
@@ -34,10 +38,6 @@ from replicate.strategy.input_lib import InputReplicationMode
 from replicate.strategy.replica_context import ReplicaContext
 from replicate.strategy.strategy_base import get_loss_reduction
 from replicate.strategy.strategy_base import Strategy
-from replicate.strategy.strategy_extended import (
-    require_cross_replica_or_default_context,
-)
-from replicate.strategy.strategy_extended import require_replica_context
 from replicate.strategy.strategy_extended import StrategyExtended
 
 # The TF 1.12-1.13 names, and TF 1.14-1.15's V1/V2 spellings.

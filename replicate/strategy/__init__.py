@@ -2,7 +2,8 @@
 
 Holds the thread-local context stack (`distribute_context`), the
 `Strategy` / `StrategyExtended` / `ReplicaContext` API (`strategy_base`,
-`strategy_extended`, `replica_context`), the default one-replica strategy and
+`strategy_extended`, `replica_context`) and the context rules they check
+(`context_rules`), the default one-replica strategy and
 the readers of the current context (`default_strategy`), input
 (`input_lib`; the split of global batches among replicas, `input_split`), and the mirrored strategy: replica threads (`mirrored_run`),
 the loop driving them (`replica_loop`), the opt-in replicas 1..N-1 as copies

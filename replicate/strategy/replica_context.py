@@ -8,8 +8,8 @@ import tensorflow as tf
 from replicate import errors
 from replicate.core import reduce_util
 from replicate.strategy import distribute_context
-from replicate.strategy.strategy_extended import describe_strategy
-from replicate.strategy.strategy_extended import require_replica_context
+from replicate.strategy.context_rules import describe_strategy
+from replicate.strategy.context_rules import require_replica_context
 
 
 class ReplicaContext(object):

@@ -13,10 +13,10 @@ from replicate.core import reduce_util
 from replicate.core.checks import check_int
 from replicate.core.reduce_util import ReduceOp
 from replicate.strategy import input_lib
-from replicate.strategy.input_lib import InputReplicationMode
-from replicate.strategy.strategy_extended import (
+from replicate.strategy.context_rules import (
   require_cross_replica_or_default_context,
 )
+from replicate.strategy.input_lib import InputReplicationMode
 
 
 class Strategy(object):
