@@ -34,6 +34,8 @@ created once per graph: a second creation raises `UnavailableError` naming
 the training tasks that no longer accept connections. Restarting every task
 resumes from the chief's last checkpoint.
 """
+import hashlib
+
 import tensorflow as tf
 
 from replicate import _compat
@@ -137,12 +139,22 @@ class _OneSession(object):
     raise errors.UnavailableError(message)
 
 
+def model_fingerprint(variables):
+  """A 52-bit hash of the variables' names, shapes and dtypes, in order
+  (held exactly by a float64)."""
+  described = '|'.join('{}:{}:{}'.format(
+      v.op.name, v.shape.as_list(), v.dtype.base_dtype.name)
+                       for v in variables)
+  return float(int(hashlib.sha256(described.encode()).hexdigest()[:13], 16))
+
+
 def broadcast_variables(variables, is_source, device, group_size,
                         after=None):
   """An op setting `variables` to the source task's values on every task.
 
   Every task must call it with the same variables in the same order (the
-  same graph) and run it at the same time.
+  same graph) and run it at the same time; the op fails on a task whose
+  variables' names, shapes, dtypes or order differ from the source's.
 
   Args:
     variables: this task's variables.
@@ -164,19 +176,32 @@ def broadcast_variables(variables, is_source, device, group_size,
         'cannot carry; they keep each task\'s own initial values.', skipped)
   if not kept:
     return tf.no_op()
+  # The source's fingerprint of its variables travels first: the values
+  # are matched by position, so tasks that made the same variables in
+  # another order would silently take each other's (the gradients'
+  # all-reduce matches by position too).
+  fingerprint = model_fingerprint(kept)
   with tf1.device(device):
     if is_source:
-      flat = tf.concat([
+      flat = tf.concat([tf.constant([fingerprint], tf.float64)] + [
           tf.reshape(tf.cast(v.read_value(), tf.float64), [-1])
           for v in kept], axis=0)
     else:
-      flat = tf.zeros([sum(v.shape.num_elements() for v in kept)],
+      flat = tf.zeros([1 + sum(v.shape.num_elements() for v in kept)],
                       tf.float64)
     total = _compat.collective_all_reduce(
         flat, group_size, BROADCAST_GROUP_KEY, BROADCAST_INSTANCE_KEY, 'Add',
         'Id')
-    pieces = tf.split(total, [v.shape.num_elements() for v in kept])
-  dependencies = [after] if after is not None else []
+    same_model = tf1.assert_equal(
+        total[0], tf.constant(fingerprint, tf.float64), message=(
+            'The training tasks built different models: the chief made its '
+            'variables with other names, shapes or dtypes, or in another '
+            'order, than this task ({} variables, first {}). Every task '
+            'must build the same model, making its variables in the same '
+            'order (e.g. not by iterating over a set).'.format(
+                len(kept), kept[0].op.name)))
+    pieces = tf.split(total[1:], [v.shape.num_elements() for v in kept])
+  dependencies = [same_model] + ([after] if after is not None else [])
   assigns = []
   with tf1.control_dependencies(dependencies):
     for variable, piece in zip(kept, pieces):

@@ -12,6 +12,8 @@ first) reads rows 8k..8k+7 of `ROWS_X`/`ROWS_Y` every step (4 per tower).
 The process ends itself after TIMEOUT_SECS (exit status 3) whatever TF does,
 and, to stand for a lost task, at once after local step DIE_AT_STEP (exit
 status 4). The chief saves checkpoints to MODEL_DIR; others never write.
+ALL_REDUCE_TASK_EXTRA_VARIABLES (see model_fn_for) makes a task's model
+differ from the others'.
 """
 import json
 import os
@@ -55,6 +57,11 @@ def model_fn_for(tf, tf1, optimizer_name, worker_offset):
   import replicate  # pylint: disable=g-import-not-at-top
 
   def model_fn(features, labels, mode):
+    # ALL_REDUCE_TASK_EXTRA_VARIABLES='ab' or 'ba': two more variables of
+    # one shape, made in that order (tasks that differ built other models).
+    for name in os.environ.get('ALL_REDUCE_TASK_EXTRA_VARIABLES', ''):
+      tf1.get_variable('extra_' + name, [3], trainable=False,
+                       initializer=tf1.zeros_initializer())
     predictions = tf1.layers.dense(
         features, 1,
         kernel_initializer=tf1.constant_initializer(

@@ -66,12 +66,12 @@ class _Cluster(object):
   def model_dir(self, task):
     return os.path.join(self.root, task + '_model')
 
-  def run(self, optimizer, steps, die_at_step=None):
+  def run(self, optimizer, steps, die_at_step=None, env_by_task=None):
     """Trains both tasks to `steps`; returns {task: (exit status, result)}."""
     children = {}
     for task in ('chief', 'worker'):
       env = dict(os.environ, TF_CONFIG=_tf_config(self.cluster, task, 0),
-                 TF_CPP_MIN_LOG_LEVEL='2')
+                 TF_CPP_MIN_LOG_LEVEL='2', **(env_by_task or {}).get(task, {}))
       args = [sys.executable, _TASK_SCRIPT, self._out(task),
               self.model_dir(task), optimizer, str(steps), str(_CHILD_SECS)]
       if die_at_step is not None and task == 'worker':
@@ -216,6 +216,22 @@ class AllReduceAcrossTasksTest(tf.test.TestCase, parameterized.TestCase):
     # once, then the one-session guard's error naming the task.
     self.assertIn('/job:worker/task:0 at ' + cluster.cluster['worker'][0],
                   cluster.log('chief'))
+
+
+  def test_tasks_with_variables_in_another_order_fail_at_start(self):
+    # Same names and shapes, another order on the worker: the broadcast and
+    # the gradients match values by position, so without the check each
+    # task would silently take the other's. The worker's session start
+    # fails naming the cause; the chief then loses it.
+    cluster = _Cluster(self._root)
+    results = cluster.run('sgd', 4, env_by_task={
+        'chief': {'ALL_REDUCE_TASK_EXTRA_VARIABLES': 'ab'},
+        'worker': {'ALL_REDUCE_TASK_EXTRA_VARIABLES': 'ba'}})
+    self.assertEqual(1, results['worker'][0], cluster.log('worker')[-3000:])
+    self.assertIn('The training tasks built different models',
+                  cluster.log('worker'))
+    self.assertNotEqual(0, results['chief'][0])
+    self.assertNotEqual(3, results['chief'][0], cluster.log('chief')[-3000:])
 
 
 class ExampleTest(tf.test.TestCase):
