@@ -94,11 +94,14 @@ class GraphCopier(object):
 
   def _make_prefixes(self):
     if self._prefixes is None:
-      self._prefixes = [None] + [
-          self._graph.unique_name('{}_{}'.format(
-              self._scope_name, tower_id)) + '/'
-          for tower_id in range(1, len(self._devices))
-      ]
+      # At the top of the graph, whatever scope the copying starts in (a
+      # canned head's `dnn/head`): `tower_<i>/<tower 0's name>`.
+      with self._graph.name_scope(None):
+        self._prefixes = [None] + [
+            self._graph.unique_name('{}_{}'.format(
+                self._scope_name, tower_id)) + '/'
+            for tower_id in range(1, len(self._devices))
+        ]
 
   def own_variables(self, variables, collections, on_tower_devices=False):
     """Gives every copied tower its own copy of some tower-0 variables.

@@ -271,7 +271,7 @@ class EvalAndPredictTest(tf.test.TestCase):
     self.assertAllEqual([[b'a', b'b']] * 4, classes)
 
 
-class PlacementAndNamingTest(tf.test.TestCase):
+class PlacementAndNamingTest(tf.test.TestCase, parameterized.TestCase):
 
   def _build(self, devices, **kwargs):
     features, labels = mt.data(batch_size=8)
@@ -298,6 +298,29 @@ class PlacementAndNamingTest(tf.test.TestCase):
     self.assertIn('hidden/MatMul', ops)
     self.assertEqual('/device:CPU:0', ops['hidden/MatMul'].device)
     self.assertEqual('/device:CPU:3', ops['tower_3/hidden/MatMul'].device)
+
+  @parameterized.parameters(
+      {}, {'variable_placement': replicate.VariablePlacement.REPLICATED})
+  def test_copies_named_from_the_top_whatever_scope_copying_starts_in(
+      self, **kwargs):
+    # A canned head calls minimize inside its `head` name scope: the copies
+    # are still tower_<i>/<tower 0's name>, as documented.
+    def model_fn(features, labels, mode, params):
+      with tf1.name_scope('head'):
+        return mt.mlp_model_fn(features, labels, mode, params)
+
+    features, labels = mt.data(batch_size=8)
+    with tf.Graph().as_default() as graph:
+      tf1.train.get_or_create_global_step()
+      replicate.replicate_model_fn(model_fn, devices=mt.cpus(2), **kwargs)(
+          {'x': tf.constant(features['x'])}, tf.constant(labels), mt.TRAIN,
+          {})
+      names = [op.name for op in graph.get_operations()]
+      local = [v.op.name for v in tf1.local_variables()]
+    self.assertIn('tower_1/head/hidden/MatMul', names)
+    self.assertFalse([n for n in names if n.startswith('head/tower_1')])
+    if kwargs:
+      self.assertIn('tower_1/hidden/kernel', local)
 
   def test_round_robin_placement(self):
     graph = self._build(
