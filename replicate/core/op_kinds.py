@@ -133,6 +133,20 @@ def variable_writes(variable_op, within=None):
   return writes
 
 
+def backward_cone(ops):
+  """`ops` (an iterable) and every op they depend on (data and control
+  inputs)."""
+  pending = list(ops)
+  seen = set(pending)
+  while pending:
+    op = pending.pop()
+    for dependency in [t.op for t in op.inputs] + list(op.control_inputs):
+      if dependency not in seen:
+        seen.add(dependency)
+        pending.append(dependency)
+  return seen
+
+
 def op_of(item):
   """The `Operation` of a collection item (an op, tensor or variable)."""
   if isinstance(item, tf1.Operation):

@@ -74,7 +74,7 @@ def check_summable(metrics, tower_metric_variables):
       fix.
   """
   updates = [_op(update) for tower in metrics for _, update in tower.values()]
-  cone = _cone(updates)
+  cone = op_kinds.backward_cone(updates)
   owned = {v.op: v for tower in tower_metric_variables for v in tower}
   stateful = _reads_of(owned, cone)
   # Tower 0's first, so that the message names the variable model_fn made.
@@ -114,19 +114,6 @@ def _op(tensor_or_op):
   return getattr(tensor_or_op, 'op', tensor_or_op)
 
 
-def _cone(ops):
-  """`ops` and every op they depend on (data and control inputs)."""
-  seen = set(ops)
-  pending = list(ops)
-  while pending:
-    op = pending.pop()
-    for dependency in [t.op for t in op.inputs] + list(op.control_inputs):
-      if dependency not in seen:
-        seen.add(dependency)
-        pending.append(dependency)
-  return seen
-
-
 def _reads_of(variable_ops, cone):
   """The ops of `cone` whose outputs depend on those variables' values."""
   seen = set()
@@ -159,13 +146,14 @@ def per_batch_metrics(metrics, metric_variables, inputs):
   gains the tower's loss and its count 1, where a per-row metric
   (`tf.metrics.mean(per_example_loss)`) reduces a tensor of the tower's rows.
   """
-  cone = _cone([_op(update) for _, update in metrics.values()])
+  cone = op_kinds.backward_cone(
+      [_op(update) for _, update in metrics.values()])
   input_ops = set(t.op for t in inputs)
   found = {}
   for variable in metric_variables:
     for write in op_kinds.variable_writes(variable.op, cone):
       scalar = _reduced_scalar(write)
-      if scalar is not None and input_ops & _cone([scalar.op]):
+      if scalar is not None and input_ops & op_kinds.backward_cone([scalar.op]):
         found.setdefault(_metric_key([metrics], write), scalar)
   return found
 
@@ -221,6 +209,6 @@ def _starts_at_zero(variable):
 def _metric_key(metrics, write):
   for tower in metrics:
     for key, (_, update) in sorted(tower.items()):
-      if write in _cone([_op(update)]):
+      if write in op_kinds.backward_cone([_op(update)]):
         return key
   return None  # pragma: no cover (every write checked is in some cone)

@@ -139,7 +139,8 @@ def order_update_writes(tower_0_updates, train_op):
     tower_0_updates: tower 0's `UPDATE_OPS` entries.
     train_op: the step's training op.
   """
-  cone = _backward_cone(filter(None, map(op_kinds.op_of, tower_0_updates)))
+  cone = op_kinds.backward_cone(
+      filter(None, map(op_kinds.op_of, tower_0_updates)))
   in_step = None
   for variable_op in sorted(cone, key=lambda op: op.name):
     if variable_op.type not in op_kinds.VARIABLE_OP_TYPES:
@@ -149,11 +150,11 @@ def order_update_writes(tower_0_updates, train_op):
     if not reads:
       continue
     if in_step is None:
-      in_step = _backward_cone([op_kinds.op_of(train_op)])
+      in_step = op_kinds.backward_cone([op_kinds.op_of(train_op)])
     reads = [read for read in reads if read in in_step]
     if not reads:
       continue
-    after_writes = _backward_cone(reads)
+    after_writes = op_kinds.backward_cone(reads)
     for write in writes:
       if write not in after_writes:
         _compat.add_control_inputs(write, reads)
@@ -169,17 +170,3 @@ def _other_tower_reads(variable_op):
       reads.extend(consumer for consumer in op.outputs[0].consumers()
                    if _OTHER_TOWER.match(consumer.name))
   return sorted(set(reads), key=lambda op: op.name)
-
-
-def _backward_cone(ops):
-  """`ops` and every op they wait for (data and control inputs)."""
-  cone = set()
-  pending = list(ops)
-  while pending:
-    op = pending.pop()
-    if op in cone:
-      continue
-    cone.add(op)
-    pending.extend(tensor.op for tensor in op.inputs)
-    pending.extend(op.control_inputs)
-  return cone
