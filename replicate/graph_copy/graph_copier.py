@@ -67,6 +67,7 @@ class GraphCopier(object):
     # Tower-0 variables of which every copied tower has its own (metric
     # variables in EVAL, see `own_variables`).
     self._own_variable_ops = set()
+    self._tower_ops = set()
 
   def share(self, ops):
     """Marks tower-0 ops as shared by every tower: they are never copied.
@@ -214,6 +215,9 @@ class GraphCopier(object):
     window = self._window()
     in_window = set(window)
     shared = self._shared_ops(window)
+    # Tower ops of this window: every tower has its own, copied now, in a
+    # later round, or built by a client per tower (a tower's scaled loss).
+    self._tower_ops = in_window - shared
     todo = set()
     stack = [t if isinstance(t, tf1.Operation) else t.op for t in targets]
     while stack:
@@ -248,7 +252,8 @@ class GraphCopier(object):
     originals = [op.node_def for op in ops]
     todo_names = set(node_def.name for node_def in originals)
     anchors = bound_devices.anchors(
-        ops, lambda op: op in todo or op in self._copied)
+        ops, lambda op: op in todo or op in self._copied or (
+            op in self._tower_ops))
     devices = {}
     input_map = {}
     returned = []
@@ -417,6 +422,14 @@ class GraphCopier(object):
         return devices[name]
       if target in self._copies[tower_id]:
         return self._copies[tower_id][target].device
+      if target != op.name:
+        # With a tower op not copied in this round (the loss that
+        # `colocate_gradients_with_ops` puts the gradient seed with): where
+        # that op's copy goes, as a call would colocate with its own.
+        target_op = self._graph.get_operation_by_name(target)
+        if target_op in self._tower_ops:
+          return self._copy_device(target_op, target_op.node_def, tower_id,
+                                   devices)
     requested = self._requested_device(op)
     if requested is None or colocated:
       # Not placed by the tower's device function, or colocated with a

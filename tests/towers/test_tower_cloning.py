@@ -304,6 +304,24 @@ class CloneGraphTest(tf.test.TestCase):
     self.assertEqual([b'loc:@tower_2/layer_1/MatMul'],
                      op.get_attr('_class'))
 
+  def test_colocated_gradient_seed_goes_with_its_towers_loss(self):
+    # colocate_gradients_with_ops puts the seed of the gradients (and the
+    # gradient of the loss scaling) with the scaled loss, which the copies
+    # do not copy (each tower scales its own): a call colocates it with its
+    # tower's, so every op named for tower i runs on tower i's device.
+    for tower_build in (CLONE, PER_TOWER):
+      graph, _ = _build(_deep_model_fn, mt.cpus(4), {'colocate': True},
+                        tower_build=tower_build)
+      for tower_id in range(1, 4):
+        prefix = 'tower_{}/'.format(tower_id)
+        # (A call's reads of TF 2 resource variables ask for no device:
+        # the placer puts them with their variable.)
+        elsewhere = [
+            (op.name, op.device) for op in graph.get_operations()
+            if op.name.startswith(prefix) and op.type != 'ReadVariableOp' and
+            op.device != '/device:CPU:{}'.format(tower_id)]
+        self.assertEqual([], elsewhere, tower_build)
+
   def test_explicit_device_of_another_task_is_kept(self):
     # An op pinned inside model_fn to another task stays there in copies.
     def model_fn(features, labels, mode, params):
