@@ -266,19 +266,21 @@ def make_saveable(name, variable, dtype, device, read_fn, restore_fn):
 
 
 def current_control_dependencies(graph):
-  """The ops the open `control_dependencies` blocks of `graph` add.
-
-  What a new op built now would get as control inputs (TF keeps no public
-  accessor; `MirroredStrategy`'s merge functions re-enter them, as TF's do).
-
-  Args:
-    graph: a `tf.Graph`.
-
-  Returns:
-    A set of `Operation`s (of this thread's stack, where the graph's stacks
-    are thread-local).
-  """
+  """The set of `Operation`s that the open `control_dependencies` blocks of
+  `graph` (this thread's) give a new op: TF keeps no public accessor."""
   return set(graph._current_control_dependencies())  # pylint: disable=protected-access
+
+
+def cond_predicates(graph):
+  """The predicates of the TF1 `tf.cond`s a new op of `graph` is built in,
+  innermost first (TF keeps no public accessor of its control flow)."""
+  predicates = []
+  context = graph._get_control_flow_context()  # pylint: disable=protected-access
+  while context is not None:
+    if getattr(context, 'pred', None) is not None:
+      predicates.append(context.pred)
+    context = context.outer_context
+  return predicates
 
 
 def add_control_inputs(op, controls):

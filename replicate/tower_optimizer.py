@@ -230,8 +230,11 @@ class TowerOptimizer(tf1.train.Optimizer):
 
     Raises:
       InvalidArgumentError: if the towers do not make the same optimizer
-        calls, or with `accumulation_steps` > 1 in a `MirroredStrategy`
-        replica.
+        calls, with `accumulation_steps` > 1 in a `MirroredStrategy`
+        replica, under a `tf.cond` whose predicate comes from the tower's
+        rows (another optimizer wrapping this one), or where towers built
+        by their own `model_fn` calls would update state of one call only
+        (replicate/towers/step_checks.py).
     """
     replication = tower_context.current_replication()
     optimizer = self._get_optimizer()

@@ -114,10 +114,14 @@ def build(model_fn, features, labels, mode, params, config, placement,
             tf1.GraphKeys.METRIC_VARIABLES))
         requested_devices = (
             cloner.requested_devices if cloner and tower_id == 0 else None)
-        with _tower_scopes(tower_id), tower_context.tower_scope(
+        replication.tower_inputs = tf.nest.flatten(
+            (feature_shards[tower_id], label_shards[tower_id]),
+            expand_composites=True)
+        with _tower_scopes(tower_id) as name_scope, tower_context.tower_scope(
             replication, tower), collections.tower(tower_id), tf1.device(
                 device_setter.tower_device_setter(
                     device, choose_parameter_device, requested_devices)):
+          replication.name_scopes[tower_id] = name_scope
           spec = call_model_fn(model_fn, feature_shards[tower_id],
                                label_shards[tower_id], mode, params, config)
           check_tower(spec, tower, replication, trainable_before,
@@ -244,16 +248,18 @@ def _tower_scopes(tower_id):
 
   Towers after the first reuse tower 0's variables and build under
   `tower_<i>`; the gradients are applied under the scopes of tower 0's
-  optimizer call (`Replication.first_tower_call_scopes`).
+  optimizer call (`Replication.first_tower_call_scopes`). Yields the
+  tower's name scope ('' or ending in '/').
   """
   with tf1.variable_scope(tf1.get_variable_scope(),
                           reuse=True if tower_id else None,
                           auxiliary_name_scope=False):
     if tower_id:
-      with tf1.name_scope('tower_{}'.format(tower_id)):
-        yield
+      with tf1.name_scope('tower_{}'.format(tower_id)) as scope:
+        yield scope
     else:
-      yield
+      scope = tf1.get_default_graph().get_name_scope()
+      yield scope + '/' if scope else ''
 
 
 def _in_creation_order(graph, variables):
@@ -324,7 +330,10 @@ def check_tower(spec, tower, replication, trainable_before, per_tower_reason):
     raise errors.InvalidArgumentError(
         'model_fn returned a train_op but made no TowerOptimizer call in tower '
         '{} of {}. Please wrap optimizers with replicate.TowerOptimizer in '
-        'order to use replicate_model_fn with multiple `devices`.'.format(
+        'order to use replicate_model_fn with multiple `devices`. (A call '
+        'inside a TF 2 tf.cond or tf.function, e.g. by an optimizer that '
+        'wraps TowerOptimizer, does not count: wrap the other way, '
+        'TowerOptimizer(other_optimizer).)'.format(
             tower.tower_id, tower.num_towers))
   if not tower.tower_id:
     return

@@ -122,6 +122,10 @@ class Replication(object):
     tower_rows: None where every tower gets `1 / num_towers` of a static
       batch; else each tower's row count (an int64 scalar, see
       batch_split.py), and `batch_size` the batch's.
+    tower_inputs: the tensors of the batch that the tower being built
+      reads (its shards of the features and labels).
+    name_scopes: each built tower's name scope ('' or ending in '/'), by
+      tower id.
   """
 
   def __init__(self, graph, num_towers, loss_reduction, replicated=None,
@@ -136,6 +140,8 @@ class Replication(object):
     self.towers_computing = set()
     self.batch_size = None
     self.tower = None
+    self.tower_inputs = ()
+    self.name_scopes = {}
     self.cloner = None
     self.towers_cloned = False
     self.tower_context_requested = False

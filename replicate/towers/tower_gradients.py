@@ -20,6 +20,7 @@ from replicate._compat import tf1
 from replicate.gradients import accumulation
 from replicate.gradients import gradient_aggregation
 from replicate.gradients import gradient_gating
+from replicate.towers import step_checks
 from replicate.towers import tower_cloning
 from replicate.towers import tower_collections
 
@@ -66,8 +67,9 @@ def apply_gradients(replication, optimizer, grads_and_vars, global_step,
 
   Raises:
     InvalidArgumentError: if the towers do not make the same optimizer
-      calls, if this tower computed no gradients with `TowerOptimizer`, or
-      for an optimizer `REPLICATED` cannot apply (`_check_replicable`).
+      calls, if this tower computed no gradients with `TowerOptimizer`, for
+      an optimizer `REPLICATED` cannot apply (`_check_replicable`), or for
+      an update that is not one device's (step_checks.py).
   """
   grads_and_vars = list(grads_and_vars)
   if (replication.num_towers > 1 and
@@ -89,6 +91,7 @@ def apply_gradients(replication, optimizer, grads_and_vars, global_step,
     _check_replicable(optimizer)
     return _apply_replicated(replication, optimizer, [grads_and_vars],
                              global_step, name, settings)
+  step_checks.check_unconditional(replication)
   call_index = replication.record_optimizer_call(optimizer.get_name(),
                                                  grads_and_vars)
   if replication.cloner is not None:
@@ -182,7 +185,11 @@ def _apply_sums(replication, optimizer, call_index, global_step, name,
                         replication.loss_reduction)
 
   if replication.cloner is None:
-    return apply()
+    # Towers built by calls: the last one applies, with its own state.
+    train_op, created = gradient_gating.ops_created_by(replication.graph,
+                                                       apply)
+    step_checks.check_no_tower_state_written(replication, created)
+    return train_op
   # Tower 0 applies for copied towers: what it builds here is the one
   # update of the step, never to be copied (e.g. when a later optimizer
   # call of tower 0 depends on this one).
