@@ -1,8 +1,12 @@
 """Whether the one update of a replicated step is the one one device makes.
 
-The towers' gradients are summed and applied once. Two things can make that
-update another one than one device's, silently, and are refused here:
+The towers' gradients are summed and applied once. These make that update
+another one than one device's, silently, and are refused here:
 
+- a gradient given to `apply_gradients` that depends on the tower's rows
+  other than through `TowerOptimizer.compute_gradients` (a term from
+  `tf.gradients`): only `compute_gradients` scales the tower's loss for the
+  loss reduction, so the sum over N towers would count that term N times.
 - `apply_gradients` called inside a TF1 `tf.cond` whose predicate comes
   from the tower's rows (an optimizer wrapping `TowerOptimizer`, such as
   `MixedPrecisionLossScaleOptimizer` testing the gradients for inf/NaN):
@@ -10,9 +14,16 @@ update another one than one device's, silently, and are refused here:
 - towers built by their own `model_fn` calls, each with state of its own
   that the update writes (a dynamic loss scale): only the applying tower's
   is written, and the other towers go on reading theirs.
+- towers built by calls that each add a regularization loss
+  (`tf.compat.v1.losses.add_loss(..., loss_collection=REGULARIZATION_LOSSES)`
+  inside `model_fn`): every tower sees tower 0's regularization losses, so
+  that the regularizers of the shared variables count once, and its own as
+  well, so it counts twice (N times under `Reduction.SUM`).
 
 May import `replicate.core` and `replicate._compat`.
 """
+import re
+
 import tensorflow as tf
 
 from replicate import _compat
@@ -50,6 +61,136 @@ def check_unconditional(replication):
           'summed gradients.'.format(
               predicate.name, replication.tower.tower_id,
               replication.num_towers))
+
+
+def record_computed(replication, grads_and_vars):
+  """Records the gradients a tower's `compute_gradients` returned."""
+  ops = replication.computed_gradient_ops.setdefault(
+      replication.tower.tower_id, set())
+  for grad, _ in grads_and_vars:
+    ops.update(t.op for t in _components(grad))
+
+
+def check_gradients_computed(replication, grads_and_vars):
+  """Raises if a gradient depends on the rows besides `compute_gradients`.
+
+  Args:
+    replication: the `tower_context.Replication` being built.
+    grads_and_vars: what the tower gives `apply_gradients`.
+
+  Raises:
+    InvalidArgumentError: naming the first variable whose gradient reaches
+      the tower's shard of the batch by a path that does not pass through
+      a gradient the tower's `compute_gradients` returned (not under
+      `Reduction.SUM`, which scales no tower loss).
+  """
+  if replication.loss_reduction == tf1.losses.Reduction.SUM:
+    return  # tower losses are not scaled: a sum of row sums is one device's
+  inputs = set(t.op for t in replication.tower_inputs if t is not None)
+  computed = replication.computed_gradient_ops.get(
+      replication.tower.tower_id, set())
+  starts = [(t.op, variable) for grad, variable in grads_and_vars
+            for t in _components(grad)]
+  if not inputs or not (inputs & _cone_short_of(
+      [op for op, _ in starts], computed)):
+    return
+  for op, variable in starts:
+    if inputs & _cone_short_of([op], computed):
+      raise errors.InvalidArgumentError(
+          'TowerOptimizer.apply_gradients got a gradient for {} that depends '
+          'on the rows of tower {} of {} other than through the gradients '
+          'TowerOptimizer.compute_gradients returned (e.g. a term from '
+          'tf.gradients, or one scaled by a statistic of the batch): '
+          'compute_gradients scales the tower\'s loss for the loss reduction, '
+          'so the sum over the {} towers would count that term {} times, or '
+          'weigh it by one tower\'s rows. Add such a term to the loss given '
+          'to TowerOptimizer.compute_gradients (or minimize) instead.'.format(
+              getattr(variable, 'name', variable), replication.tower.tower_id,
+              replication.num_towers, replication.num_towers,
+              replication.num_towers))
+
+
+def check_regularization_counted_once(replication, tower_id, loss, first,
+                                      own):
+  """Raises if a tower built by a call counts a regularization loss again.
+
+  Args:
+    replication: the `tower_context.Replication` being built.
+    tower_id: a tower after the first, built by its own `model_fn` call.
+    loss: the loss that call returned, unscaled.
+    first: the `REGULARIZATION_LOSSES` entries tower 0 added.
+    own: those tower `tower_id` added (its call again, as tower 0's did).
+
+  Raises:
+    InvalidArgumentError: if `loss` counts an entry of `own` that has a
+      counterpart in `first` (the same name in tower 0's scope) twice: it
+      depends on both, or on `own` under `Reduction.SUM` (which every tower
+      adds unscaled).
+  """
+  if loss is None or not own or not first:
+    return
+  tower_scope = replication.name_scopes.get(tower_id, '')
+  first_scope = replication.name_scopes.get(0, '')
+  by_name = {_canonical(t.op.name, first_scope): t for t in first
+             if hasattr(t, 'op')}
+  cone = None
+  for entry in own:
+    if not hasattr(entry, 'op') or not entry.op.name.startswith(tower_scope):
+      continue
+    counterpart = by_name.get(_canonical(entry.op.name, tower_scope))
+    if counterpart is None:
+      continue
+    if cone is None:
+      cone = op_kinds.backward_cone([loss.op])
+    summed = replication.loss_reduction == tf1.losses.Reduction.SUM
+    if entry.op in cone and (summed or counterpart.op in cone):
+      raise errors.InvalidArgumentError(
+          'The loss of tower {} of {} counts the regularization loss {}, '
+          'which its model_fn call added to REGULARIZATION_LOSSES again as '
+          'tower 0\'s call added {}, {}: the step would apply it {} times. '
+          'Towers are built by calls here because {}. {} the regularizer '
+          'to the variable (tf.compat.v1.get_variable(regularizer=...), a '
+          'layer\'s kernel_regularizer), which adds it once, with the '
+          'variable, or add it in tower 0 only (replicate.get_tower_context()'
+          '.is_first_tower).'.format(
+              tower_id, replication.num_towers, entry.name, counterpart.name,
+              'and every tower adds its loss unscaled under Reduction.SUM'
+              if summed else 'which every tower sees too, so that the '
+              'regularizers of shared variables count once',
+              replication.num_towers if summed else '2',
+              replication.not_cloned_reason or
+              'tower_build is TowerBuild.CALL_PER_TOWER',
+              'Give' if summed else 'Without that, towers are copies of '
+              'tower 0 (TowerBuild.CLONE), which count it once. Or give'))
+
+
+def _canonical(name, scope):
+  """`name` less `scope`, each part less the `_<n>` TF made it unique by."""
+  return '/'.join(re.sub(r'_\d+$', '', part)
+                  for part in name[len(scope):].split('/'))
+
+
+def _components(grad):
+  if grad is None:
+    return []
+  if isinstance(grad, tf.IndexedSlices):
+    return [t for t in (grad.values, grad.indices, grad.dense_shape)
+            if t is not None]
+  return [grad]
+
+
+def _cone_short_of(ops, stops):
+  """`ops` and what they depend on through data inputs, not past `stops`."""
+  pending = [op for op in ops if op not in stops]
+  seen = set(pending)
+  while pending:
+    op = pending.pop()
+    for tensor in op.inputs:
+      source = tensor.op
+      if source not in seen and source not in stops:
+        seen.add(source)
+        pending.append(source)
+  return seen
 
 
 def check_no_tower_state_written(replication, created):

@@ -18,6 +18,7 @@ from replicate._compat import tf1
 from replicate.towers import batch_split
 from replicate.towers import device_setter
 from replicate.towers import output_copies
+from replicate.towers import step_checks
 from replicate.towers import tower_cloning
 from replicate.towers import tower_collections
 from replicate.towers import tower_context
@@ -26,6 +27,7 @@ from replicate.towers import tower_specs
 from replicate.towers.tower_cloning import TowerBuild
 
 _PER_TOWER_REQUESTED = 'tower_build is TowerBuild.CALL_PER_TOWER'
+_REGULARIZATION = tf1.GraphKeys.REGULARIZATION_LOSSES
 
 
 def build(model_fn, features, labels, mode, params, config, placement,
@@ -130,6 +132,11 @@ def build(model_fn, features, labels, mode, params, config, placement,
           spec = tower_specs.replaced(
               spec, loss=replication.scale_loss(spec.loss))
         replication.cloner = None
+        if tower_id:
+          step_checks.check_regularization_counted_once(
+              replication, tower_id, unscaled_loss,
+              collections.added(0, _REGULARIZATION),
+              collections.added(tower_id, _REGULARIZATION))
         specs.append(spec)
         metric_variables.append(_in_creation_order(graph, [
             v for v in graph.get_collection(tf1.GraphKeys.METRIC_VARIABLES)

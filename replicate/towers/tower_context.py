@@ -126,6 +126,8 @@ class Replication(object):
       reads (its shards of the features and labels).
     name_scopes: each built tower's name scope ('' or ending in '/'), by
       tower id.
+    computed_gradient_ops: by tower id, the ops of the gradients its
+      `TowerOptimizer.compute_gradients` calls returned.
   """
 
   def __init__(self, graph, num_towers, loss_reduction, replicated=None,
@@ -142,6 +144,7 @@ class Replication(object):
     self.tower = None
     self.tower_inputs = ()
     self.name_scopes = {}
+    self.computed_gradient_ops = {}
     self.cloner = None
     self.towers_cloned = False
     self.tower_context_requested = False

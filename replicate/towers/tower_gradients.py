@@ -43,14 +43,18 @@ def compute_gradients(replication, optimizer, loss, var_list, kwargs):
   gradient_gating.check_gate_gradients(kwargs)
   replication.towers_computing.add(replication.tower.tower_id)
   if replication.tower.tower_id == tower_collections.UPDATE_TOWER_ID:
-    return _tower_gradients(replication, optimizer, loss, var_list, kwargs)
-  # The other towers keep their update ops out of the step: neither the
-  # scaled loss nor the gradients may depend on the
-  # `control_dependencies(update_ops)` block models usually put around
-  # `minimize` (see tower_collections.py). They still wait for everything
-  # else the block names.
-  with _without_update_ops(replication.graph):
-    return _tower_gradients(replication, optimizer, loss, var_list, kwargs)
+    pairs = _tower_gradients(replication, optimizer, loss, var_list, kwargs)
+  else:
+    # The other towers keep their update ops out of the step: neither the
+    # scaled loss nor the gradients may depend on the
+    # `control_dependencies(update_ops)` block models usually put around
+    # `minimize` (see tower_collections.py). They still wait for everything
+    # else the block names.
+    with _without_update_ops(replication.graph):
+      pairs = _tower_gradients(replication, optimizer, loss, var_list,
+                               kwargs)
+  step_checks.record_computed(replication, pairs)
+  return pairs
 
 
 def _tower_gradients(replication, optimizer, loss, var_list, kwargs):
@@ -83,6 +87,8 @@ def apply_gradients(replication, optimizer, grads_and_vars, global_step,
         'compute_gradients (and transform them as you like before '
         'apply_gradients), or call minimize.'.format(
             replication.num_towers, replication.num_towers))
+  if replication.num_towers > 1:
+    step_checks.check_gradients_computed(replication, grads_and_vars)
   if replication.num_towers == 1:
     if replication.replicated is None:
       return apply_once(optimizer, grads_and_vars, global_step, name,

@@ -223,6 +223,103 @@ class ModelFnErrorsTest(tf.test.TestCase):
         _train_estimator(model_fn, mt.cpus(4), variable_placement=placement)
     _train_estimator(model_fn, mt.cpus(1))  # one device: nothing to scale
 
+  def test_gradient_terms_not_computed_by_tower_optimizer(self):
+    # A term from tf.gradients of the tower's (unscaled) loss, beside or
+    # added to compute_gradients' own: the towers' sum would count it N
+    # times (with 2 towers b moved -0.2764 for one device's -0.1578).
+    def model_fn_of(case):
+      def model_fn(features, labels, mode):
+        w = tf1.get_variable('w', [3, 1])
+        b = tf1.get_variable('b', [1], initializer=tf1.zeros_initializer())
+        loss = tf.reduce_mean(
+            tf.square(tf.matmul(features['x'], w) + b - labels))
+        optimizer = replicate.TowerOptimizer(
+            tf1.train.GradientDescentOptimizer(0.1))
+        if case == 'beside':
+          pairs = optimizer.compute_gradients(loss, var_list=[w])
+          pairs.append((tf.gradients(loss, b)[0], b))
+        elif case == 'added':
+          pairs = optimizer.compute_gradients(loss, var_list=[w, b])
+          aux = tf.gradients(tf.reduce_mean(features['x']) * b, [b])[0]
+          pairs = [pairs[0], (pairs[1][0] + aux, b)]
+        else:  # transformations of the computed gradients only
+          pairs = optimizer.compute_gradients(loss)
+          grads, _ = tf.clip_by_global_norm([g for g, _ in pairs], 1.0)
+          pairs = [(g * 0.5, v) for g, (_, v) in zip(grads, pairs)]
+        return _spec(mode, loss, optimizer.apply_gradients(
+            pairs, tf1.train.get_global_step()))
+      return model_fn
+
+    for placement in (replicate.VariablePlacement.CONSOLIDATION_DEVICE,
+                      replicate.VariablePlacement.REPLICATED):
+      for case, variable in (('beside', 'b'), ('added', 'b')):
+        with self.assertRaisesRegex(
+            ValueError,
+            r'apply_gradients got a gradient for {}:0 that depends on the '
+            r'rows of tower 0 of 2 other than through the gradients '
+            r'TowerOptimizer\.compute_gradients returned.*count that term 2 '
+            r'times'.format(variable)):
+          _train_estimator(model_fn_of(case), mt.cpus(2),
+                           variable_placement=placement)
+      _train_estimator(model_fn_of('clipped'), mt.cpus(2),
+                       variable_placement=placement)
+    _train_estimator(model_fn_of('beside'), mt.cpus(1))  # nothing to scale
+    # SUM scales no tower loss: a term of a row sum adds up to one device's.
+    _train_estimator(model_fn_of('beside'), mt.cpus(2),
+                     loss_reduction=tf1.losses.Reduction.SUM)
+
+  def test_regularization_added_by_every_call(self):
+    # Each call adds c * l2(w) to REGULARIZATION_LOSSES; tower 1 also sees
+    # tower 0's (so that regularizers of shared variables count once): its
+    # get_total_loss() would count the term twice (1.5 times one device's
+    # over 2 towers), every tower's under SUM (2 times).
+    def model_fn_of(first_tower_only=False):
+      def model_fn(features, labels, mode):
+        w = tf1.get_variable('w', [3, 1], initializer=(
+            tf1.constant_initializer([[0.5], [-0.25], [1.0]])))
+        tf1.losses.mean_squared_error(labels, tf.matmul(features['x'], w))
+        if not first_tower_only or (
+            replicate.get_tower_context() is None or
+            replicate.get_tower_context().is_first_tower):
+          tf1.losses.add_loss(0.5 * tf.nn.l2_loss(w),
+                              tf1.GraphKeys.REGULARIZATION_LOSSES)
+        loss = tf1.losses.get_total_loss()
+        return _spec(mode, loss, replicate.TowerOptimizer(
+            tf1.train.GradientDescentOptimizer(0.1)).minimize(
+                loss, tf1.train.get_global_step()))
+      return model_fn
+
+    per_tower = replicate.TowerBuild.CALL_PER_TOWER
+    with self.assertRaisesRegex(
+        ValueError,
+        r'The loss of tower 1 of 2 counts the regularization loss '
+        r'tower_1/mul:0, which its model_fn call added to '
+        r"REGULARIZATION_LOSSES again as tower 0's call added mul:0, which "
+        r'every tower sees too.*apply it 2 times.*because tower_build is '
+        r'TowerBuild.CALL_PER_TOWER'):
+      _train_estimator(model_fn_of(), mt.cpus(2), tower_build=per_tower)
+    with self.assertRaisesRegex(
+        ValueError,
+        r'tower_1/mul:0.*every tower adds its loss unscaled under '
+        r'Reduction.SUM: the step would apply it 2 times'):
+      _train_estimator(model_fn_of(), mt.cpus(2),
+                       loss_reduction=tf1.losses.Reduction.SUM)
+    _train_estimator(model_fn_of(), mt.cpus(2))  # copies count it once
+    # The ways out the message names equal one device: tower 0 only.
+    features, labels = mt.data()
+    results = []
+    for devices in (None, mt.cpus(2)):
+      with tf.Graph().as_default():
+        tf1.train.get_or_create_global_step()
+        model_fn = model_fn_of(first_tower_only=True)
+        if devices:
+          model_fn = replicate.replicate_model_fn(model_fn, devices=devices)
+        spec = model_fn({'x': tf.constant(features['x'])},
+                        tf.constant(labels), mt.TRAIN)
+        results.append(mt.run_spec(spec, mt.TRAIN))
+    self.assertAllClose(results[0]['w'], results[1]['w'], rtol=1e-6,
+                        atol=1e-6)
+
   def test_tower_optimizer_wrapped_twice(self):
     sgd = tf1.train.GradientDescentOptimizer(0.1)
     with self.assertRaisesRegex(TypeError, r'TowerOptimizer got a '
