@@ -12,6 +12,8 @@ called once, for tower 0, the others copies of it), and merges the towers'
 
 A graph the Estimator builds for a SavedModel gets the unreplicated model
 instead, which serves on any device (replicate/towers/serving.py).
+
+`TowerOptimizer` is here too, as in contrib's `replicate_model_fn` module.
 """
 import functools
 
@@ -27,6 +29,7 @@ from replicate.cross_tower import across_workers
 from replicate.cross_tower import cross_tower_base
 from replicate.cross_tower import one_machine
 from replicate.cross_tower import replicated_gradients
+from replicate.tower_optimizer import TowerOptimizer  # noqa: F401
 from replicate.towers import batch_split
 from replicate.towers import device_setter
 from replicate.towers import replicated_variables

@@ -183,6 +183,8 @@ ALIASES = [
     (distribute_lib.StrategyExtendedV2, distribute_lib.StrategyExtended),
     (distribute_lib.DistributionStrategy, distribute_lib.Strategy),
     (replicate.TowerOptimizer, tower_optimizer.TowerOptimizer),
+    # contrib's replicate_model_fn module held TowerOptimizer too.
+    (model_fn.TowerOptimizer, tower_optimizer.TowerOptimizer),
     (replicate.replicate_model_fn, model_fn.replicate_model_fn),
     (replicate.MirroredStrategy, mirrored_strategy.MirroredStrategy),
     (replicate.NcclAllReduce, cross_tower_ops.NcclAllReduce),

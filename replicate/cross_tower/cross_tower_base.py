@@ -152,6 +152,13 @@ def _checked_value(reduce_op, value):
   return values_lib.PerDevice(dict(zip(value.devices, tensors)))
 
 
+def _destinations_of(destinations, per_device_value):
+  """The devices `destinations` names; None: `per_device_value`'s."""
+  if destinations is None:
+    return tuple(per_device_value.devices)
+  return values_lib.get_devices_from(destinations)
+
+
 def divide_by(value, count):
   """`value / count` in the dtype of `value` (tensor or IndexedSlices)."""
   if count == 1:
@@ -239,7 +246,7 @@ class CrossTowerOps(object):
     # A subclass that does not call this __init__ takes the current one.
     return getattr(self, '_tuning', None) or tuning_lib.get_tuning()
 
-  def reduce(self, aggregation, per_device_value, destinations):
+  def reduce(self, aggregation, per_device_value, destinations=None):
     """Reduces `per_device_value` and places the result on `destinations`.
 
     Args:
@@ -250,21 +257,22 @@ class CrossTowerOps(object):
         `IndexedSlices`; a single tensor with its device set stands for a
         one-device `PerDevice`.
       destinations: a device string, a list of them, a `DistributedValues`
-        or a variable or tensor placed on a device.
+        or a variable or tensor placed on a device; None (contrib's
+        default): the devices of `per_device_value`.
 
     Returns:
       A `Mirrored` with the reduced value on each destination device.
 
     Raises:
-      InvalidArgumentError: for another aggregation, or empty/None
+      InvalidArgumentError: for another aggregation, or empty
         destinations, or a single tensor without a device.
       InvalidTypeError: for values of other types, of several dtypes, or a
         MEAN of integers.
     """
     reduce_op = reduce_util.as_reduce_op(aggregation)
     per_device_value = _checked_value(reduce_op, per_device_value)
-    destinations = values_lib.get_devices_from(destinations)
-    return self._reduce(reduce_op, per_device_value, destinations)
+    return self._reduce(reduce_op, per_device_value,
+                        _destinations_of(destinations, per_device_value))
 
   def batch_reduce(self, aggregation, value_destination_pairs):
     """Reduces several values at once, each to its own destinations.
@@ -274,7 +282,8 @@ class CrossTowerOps(object):
     Args:
       aggregation: as in `reduce`.
       value_destination_pairs: a non-empty list of `(per_device_value,
-        destinations)` pairs, each as in `reduce`.
+        destinations)` pairs, each as in `reduce` (None destinations: the
+        value's devices).
 
     Returns:
       A list of `Mirrored`, one per pair, in order.
@@ -300,8 +309,8 @@ class CrossTowerOps(object):
         raise errors.InvalidArgumentTypeError(
             'Each item of value_destination_pairs must be a '
             '(per_device_value, destinations) pair, got {!r}.'.format(pair))
-      pairs.append((_checked_value(reduce_op, pair[0]),
-                    values_lib.get_devices_from(pair[1])))
+      value = _checked_value(reduce_op, pair[0])
+      pairs.append((value, _destinations_of(pair[1], value)))
     return self._batch_reduce(reduce_op, pairs)
 
   def broadcast(self, tensor, destinations):

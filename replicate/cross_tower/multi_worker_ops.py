@@ -156,7 +156,7 @@ class MultiWorkerAllReduce(BatchAllReduceBase):
     check_int('num_gpus_per_worker', num_gpus_per_worker, 0)
     check_int('num_packs', num_packs, 0)
     check_int('agg_small_grads_max_bytes', agg_small_grads_max_bytes, 0)
-    check_int('agg_small_grads_max_group', agg_small_grads_max_group, 1)
+    check_int('agg_small_grads_max_group', agg_small_grads_max_group, 0)
     self._num_gpus_per_worker = num_gpus_per_worker
     self._spec = parse_all_reduce_spec(all_reduce_spec, len(self._workers),
                                        num_gpus_per_worker)

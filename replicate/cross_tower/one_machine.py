@@ -52,7 +52,8 @@ class AllReduceCrossTowerOps(BatchAllReduceBase):
       num_packs: None (buckets in the order the tensors become ready) or
         an int >= 0, see the class docstring.
       agg_small_grads_max_bytes: int >= 0, largest tensor (bytes) grouped.
-      agg_small_grads_max_group: int >= 1, most tensors in a group.
+      agg_small_grads_max_group: int >= 0, most tensors in a group (no
+        groups unless both this and `agg_small_grads_max_bytes` are > 0).
       tuning: the `replicate.Tuning` that sizes the buckets (and the packs
         of values reduced to one device instead); None: the calling
         thread's current one.
@@ -74,7 +75,7 @@ class AllReduceCrossTowerOps(BatchAllReduceBase):
     if num_packs is not None:
       check_int('num_packs', num_packs, 0)
     check_int('agg_small_grads_max_bytes', agg_small_grads_max_bytes, 0)
-    check_int('agg_small_grads_max_group', agg_small_grads_max_group, 1)
+    check_int('agg_small_grads_max_group', agg_small_grads_max_group, 0)
     self._num_packs = num_packs
     self._agg_small_grads_max_bytes = agg_small_grads_max_bytes
     self._agg_small_grads_max_group = agg_small_grads_max_group

@@ -177,8 +177,6 @@ class ReductionToOneDeviceTest(parameterized.TestCase, tf.test.TestCase):
                    '/cpu:0')
       with self.assertRaisesRegex(ValueError, 'must be replicate.ReduceOp'):
         ops.reduce('sum', inputs[0], '/cpu:0')
-      with self.assertRaisesRegex(ValueError, 'destinations is None'):
-        ops.reduce(ReduceOp.SUM, inputs[0], None)
       with self.assertRaisesRegex(ValueError, 'destinations is an empty list'):
         ops.reduce(ReduceOp.SUM, inputs[0], [])
       with self.assertRaisesRegex(ValueError, 'destinations is an empty'):
@@ -215,6 +213,31 @@ class ReductionToOneDeviceTest(parameterized.TestCase, tf.test.TestCase):
                                 'is not a valid device string'):
       replicate.ReductionToOneDeviceCrossTowerOps(reduce_to_device='/x:y')
 
+  @parameterized.named_parameters(
+      ('to_one_device', replicate.ReductionToOneDeviceCrossTowerOps),
+      ('all_reduce', lambda: replicate.AllReduceCrossTowerOps(
+          'hierarchical_copy', num_packs=0)))
+  def test_no_destinations_reduce_onto_the_values_devices(self, make_ops):
+    # contrib's reduce(..., destinations=None) and (value, None) pairs of
+    # batch_reduce: the result is mirrored on the value's own devices.
+    with tf.Graph().as_default():
+      inputs, arrays = lib.make_inputs(_DEVICES[:3], [(2, 3), (4,)],
+                                       tf.float32)
+      ops = make_ops()
+      single = ops.reduce(ReduceOp.SUM, inputs[0])
+      pairs = ops.batch_reduce(ReduceOp.MEAN, [(v, None) for v in inputs])
+      with _session() as sess:
+        got_single, got_pairs = sess.run(
+            (single.values, [r.values for r in pairs]))
+    self.assertEqual(tuple(_CANONICAL[:3]), single.devices)
+    for value in got_single:
+      # SUM over three devices: a0 + a1 + a2, on each of them.
+      self.assertAllClose(lib.expected(arrays[0], mean=False), value)
+    for result, column, value in zip(pairs, arrays, got_pairs):
+      self.assertEqual(tuple(_CANONICAL[:3]), result.devices)
+      for v in value:
+        self.assertAllClose(lib.expected(column, mean=True), v)
+
   def test_sum_of_integers_allowed(self):
     with tf.Graph().as_default():
       ints, arrays = lib.make_inputs(_DEVICES[:2], [(3,)], tf.int32)
@@ -232,6 +255,9 @@ _PACKINGS = {
     'three_packs': dict(num_packs=3),
     'small_tensors': dict(num_packs=0, agg_small_grads_max_bytes=64,
                           agg_small_grads_max_group=2),
+    # As in TF (and contrib's tests): a group of 0 turns grouping off.
+    'no_groups': dict(num_packs=1, agg_small_grads_max_bytes=64,
+                      agg_small_grads_max_group=0),
 }
 
 
@@ -426,8 +452,8 @@ class AllReduceCrossTowerOpsTest(parameterized.TestCase, tf.test.TestCase):
       replicate.AllReduceCrossTowerOps(agg_small_grads_max_bytes=-5)
     with self.assertRaisesRegex(errors.InvalidArgumentError,
                                 'agg_small_grads_max_group must be an integer '
-                                '>= 1, got 0'):
-      replicate.AllReduceCrossTowerOps(agg_small_grads_max_group=0)
+                                '>= 0, got -1'):
+      replicate.AllReduceCrossTowerOps(agg_small_grads_max_group=-1)
     self.assertEqual(
         replicate.AllReduceCrossTowerOps('hierarchical_copy').all_reduce_alg,
         cross_tower_ops.AllReduceAlgorithm.HIERARCHICAL_COPY)

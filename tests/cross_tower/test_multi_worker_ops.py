@@ -105,6 +105,8 @@ _PACKINGS = {
     'two_packs': dict(num_packs=2),
     'small_tensors': dict(agg_small_grads_max_bytes=64,
                           agg_small_grads_max_group=2),
+    'no_groups': dict(agg_small_grads_max_bytes=64,
+                      agg_small_grads_max_group=0),
 }
 
 
