@@ -26,6 +26,13 @@ class InvalidArgumentTypeError(InvalidArgumentError, InvalidTypeError):
   """
 
 
+class StructureMismatchError(InvalidArgumentError, AssertionError):
+  """Replicas produced nests of different structures.
+
+  Also an `AssertionError`, which TF's `values.regroup` raises.
+  """
+
+
 class ContextError(Error, RuntimeError):
   """A method was called in a context (replica, cross-replica, scope) where it is not allowed."""
 

@@ -168,7 +168,10 @@ EXPECTED = {
         'ReplicaBuild': {'CLONE': None, 'CALL_PER_REPLICA': None},
     },
     values: {'PerDevice': {}, 'PerReplica': {}, 'Mirrored': {},
-             'DistributedValues': {}},
+             'DistributedValues': {'is_tensor_like': None},
+             'MirroredVariable': {}, 'SyncOnReadVariable': {},
+             'ReplicaLocalVariable': {},
+             'select_replica': ('replica_id', 'structured')},
 }
 
 # The same classes under two names (aliases, not copies).

@@ -65,6 +65,11 @@ class DistributedValues(object):
     """The values, in the order of `devices`."""
     return tuple(self._index[d] for d in self._devices)
 
+  @property
+  def is_tensor_like(self):
+    """Whether every value is a tensor (TF 1.15's property)."""
+    return all(tf.is_tensor(v) for v in self.values)
+
   def on_device(self, device):
     """Whether `device` (any spelling) is one of `devices`."""
     return device_util.canonicalize(device) in self._index
@@ -316,8 +321,30 @@ def select_device(device, structured):
       structured)
 
 
+def select_replica(replica_id, structured):
+  """Replica `replica_id`'s share of a nest (TF 1.14/1.15's function).
+
+  Args:
+    replica_id: an int, the replica's index among the values' devices.
+    structured: a nest that may hold `DistributedValues`.
+
+  Returns:
+    The nest with each `DistributedValues` replaced by its value number
+    `replica_id` (in the order of its `devices`).
+  """
+  return tf.nest.map_structure(
+      lambda v: v.values[replica_id] if isinstance(v, DistributedValues)
+      else v, structured)
+
+
 def regroup(device_to_structure, wrap_class=PerDevice):
   """Turns `{device: nest}` into one nest of `wrap_class` values.
+
+  As contrib's `values.regroup`: lists, tuples, namedtuples (rebuilt with
+  `_make`, so that a spec's own checks never see the wrapped leaves) and
+  dicts are walked; a leaf that is the same object on every device (one
+  device included) is returned as it is, any other becomes
+  `wrap_class({device: leaf})`.
 
   Args:
     device_to_structure: a non-empty dict from devices to nests of the same
@@ -325,19 +352,63 @@ def regroup(device_to_structure, wrap_class=PerDevice):
     wrap_class: `PerDevice` or `Mirrored`.
 
   Returns:
-    A nest of that structure whose leaves are `wrap_class({device: leaf})`.
+    The merged nest.
 
   Raises:
     InvalidArgumentError: if the dict is empty.
-    ValueError, TypeError: (from `tf.nest`) if the structures differ.
+    StructureMismatchError: (an `AssertionError` too, as contrib's) if the
+      structures differ.
   """
   if not device_to_structure:
     raise errors.InvalidArgumentError(
         'regroup needs at least one device; got an empty dict.')
   devices = list(device_to_structure)
-  flats = [tf.nest.flatten(device_to_structure[d]) for d in devices]
-  for d in devices[1:]:
-    tf.nest.assert_same_structure(device_to_structure[devices[0]],
-                                  device_to_structure[d])
-  leaves = [wrap_class(dict(zip(devices, column))) for column in zip(*flats)]
-  return tf.nest.pack_sequence_as(device_to_structure[devices[0]], leaves)
+
+  def merge(leaves):
+    if all(leaf is leaves[0] for leaf in leaves):
+      return leaves[0]
+    return wrap_class(dict(zip(devices, leaves)))
+  return merge_structures([device_to_structure[d] for d in devices], merge)
+
+
+def merge_structures(structures, merge_leaves):
+  """One nest of the structure `structures` share, leaves merged.
+
+  Lists, tuples, namedtuples (rebuilt with `_make`) and dicts are walked,
+  as TF's `regroup` walks them; anything else is a leaf.
+
+  Args:
+    structures: a non-empty list of nests.
+    merge_leaves: called with the list of the nests' leaves at one place;
+      returns the merged leaf.
+
+  Returns:
+    The merged nest.
+
+  Raises:
+    StructureMismatchError: if the structures differ.
+  """
+  first = structures[0]
+  if not isinstance(first, (list, tuple, dict)):
+    return merge_leaves(list(structures))
+  for other in structures[1:]:
+    if isinstance(first, dict):
+      same = isinstance(other, dict) and set(other) == set(first)
+    else:
+      same = (isinstance(other, type(first)) or
+              isinstance(first, type(other))) and len(other) == len(first)
+    if not same:
+      raise errors.StructureMismatchError(
+          'Replicas produced values of different structures ({!r} and {!r}); '
+          'every replica must return (or pass to merge_call) the same '
+          'structure.'.format(first, other))
+  if isinstance(first, dict):
+    merged = [(key, merge_structures([s[key] for s in structures],
+                                     merge_leaves)) for key in first]
+    return dict(merged) if type(first) is dict else type(first)(merged)
+  merged = [merge_structures([s[i] for s in structures], merge_leaves)
+            for i in range(len(first))]
+  if isinstance(first, list):
+    return merged
+  return type(first)._make(merged) if hasattr(first, '_fields') else (
+      tuple(merged))

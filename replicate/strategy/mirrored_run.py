@@ -284,9 +284,11 @@ def _is_plain_python(value):
 def regroup(devices, structures):
   """Merges one nest per replica into one nest of per-replica leaves.
 
-  A leaf that is the same object on every replica (a mirrored variable, an
-  optimizer, a tensor built outside the replicas) or an equal Python value
-  stays as it is; a leaf that differs between replicas becomes `PerReplica`.
+  As TF 1.15's `values.regroup` (lists, tuples, namedtuples rebuilt with
+  `_make`, dicts; see `values.merge_structures`). A leaf that is the same
+  object on every replica (a mirrored variable, an optimizer, a tensor
+  built outside the replicas) or an equal Python value stays as it is; a
+  leaf that differs between replicas becomes `PerReplica`.
 
   Args:
     devices: the replica devices, in replica order.
@@ -296,28 +298,18 @@ def regroup(devices, structures):
     The merged nest.
 
   Raises:
-    InvalidArgumentError: if the structures differ.
+    StructureMismatchError: if the structures differ (an `AssertionError`
+      too, as TF's).
   """
-  first = structures[0]
-  try:
-    for other in structures[1:]:
-      tf.nest.assert_same_structure(first, other)
-  except (ValueError, TypeError) as e:
-    raise errors.InvalidArgumentError(
-        'Replicas produced values of different structures ({}); every '
-        'replica must return (or pass to merge_call) the same structure.'
-        .format(e))
-  flats = [tf.nest.flatten(s) for s in structures]
-  leaves = []
-  for column in zip(*flats):
-    same = all(c is column[0] for c in column)
-    if not same and _is_plain_python(column[0]):
-      same = all(_is_plain_python(c) and c == column[0] for c in column)
+  def merge(leaves):
+    first = leaves[0]
+    same = all(leaf is first for leaf in leaves)
+    if not same and _is_plain_python(first):
+      same = all(_is_plain_python(leaf) and leaf == first for leaf in leaves)
     if same:
-      leaves.append(column[0])
-    else:
-      leaves.append(values_lib.PerReplica(dict(zip(devices, column))))
-  return tf.nest.pack_sequence_as(first, leaves)
+      return first
+    return values_lib.PerReplica(dict(zip(devices, leaves)))
+  return values_lib.merge_structures(list(structures), merge)
 
 
 def select_replica(device, structure, keep=()):

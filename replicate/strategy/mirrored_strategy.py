@@ -115,10 +115,11 @@ class MirroredExtended(strategy_extended.StrategyExtended):
   def _create_mirrored(self, next_creator, kwargs):
     if kwargs.get('synchronization') == tf.VariableSynchronization.NONE:
       raise errors.InvalidArgumentError(
-          'MirroredStrategy cannot mirror variable {!r} created with '
-          'synchronization=tf.VariableSynchronization.NONE: its copies would '
-          'never be kept equal. Use AUTO (the default) or ON_WRITE, or create '
-          'it outside the strategy\'s scope.'.format(kwargs.get('name')))
+          '`NONE` variable synchronization mode is not supported with '
+          '`Mirrored` distribution strategy. Please change the '
+          '`synchronization` for variable: {}. (Its copies would never be '
+          'kept equal: use AUTO, the default, or ON_WRITE, or create it '
+          'outside the strategy\'s scope.)'.format(kwargs.get('name')))
     kwargs = dict(kwargs)
     collections = kwargs.get('collections')
     collections = list(collections) if collections is not None else [

@@ -8,10 +8,14 @@ mirrored variable, but its copies are not kept equal:
 * Inside a replica, reads and assignments use that replica's copy: each
   replica's batch statistics update its own moving averages, with no
   traffic between devices.
-* In cross-replica context, `value()`, `read_value()`, conversion to a
-  tensor and Python operators combine the copies by the variable's
-  `aggregation`: SUM adds them, MEAN averages them, ONLY_FIRST_REPLICA takes
-  the primary (NONE cannot be combined: `InvalidArgumentError`). `assign`
+* In the strategy's cross-replica context, `read_value()`, conversion to
+  a tensor, Python operators and fetching the variable combine the copies
+  by the variable's `aggregation`: SUM adds them, MEAN averages them,
+  ONLY_FIRST_REPLICA takes the primary (NONE cannot be combined:
+  `InvalidArgumentError`). Outside the strategy's scope conversion,
+  operators and fetching give the primary copy, and `read_value()` still
+  combines; `value()` is the copy nearest the context (the replica's, the
+  current device's, else the primary), all as in TF 1.15. `assign`
   sets every copy, to value / n under SUM so that the copies add up to the
   value; `assign_add` / `assign_sub` change every copy, and are refused
   under SUM (the sum would change n times over). They return the combined
@@ -21,9 +25,7 @@ mirrored variable, but its copies are not kept equal:
 * `tf.compat.v1.train.Saver` saves the combined value under the primary's
   name, as one device names the variable, and restores it as `assign` does.
 
-As in TF 1.15, `Session.run` of the variable itself fetches the copy its
-context means (the primary outside replicas); fetch `read_value()` for the
-combined value.
+Fetch `read_value()` for the combined value wherever the fetch is built.
 
 `tf.compat.v1.metrics` also make ON_READ (SUM) variables, but combine them
 through `tf.distribute`'s own replica context, which this library's replicas
@@ -35,6 +37,7 @@ import tensorflow as tf
 from replicate import _compat
 from replicate import errors
 from replicate._compat import tf1
+from replicate.core import device_util
 from replicate.core import reduce_util
 from replicate.cross_tower import values as values_lib
 from replicate.strategy import default_strategy
@@ -116,15 +119,35 @@ class SyncOnReadVariable(MirroredVariable):
           total = total / tf.constant(len(reads), dtype=dtype)
         return total
 
-  def value(self):
-    """This replica's copy's value; across replicas, the combined value.
+  def _in_scope(self):
+    return default_strategy.get_strategy() is self._strategy
 
-    Raises:
-      InvalidArgumentError: across replicas, as `_combined`.
-    """
+  def _context_copy_or_combined(self):
+    """What a tensor of the variable is here (TF's `get()`): the copy of the
+    replica or update, the primary outside the strategy's scope, else the
+    combined value."""
+    if self._uses_one_copy():
+      return self._local_copy()
+    if not self._in_scope():
+      return self.primary
+    return self._combined()
+
+  def _as_graph_element(self):
+    value = self._context_copy_or_combined()
+    if isinstance(value, tf.Tensor):
+      return value
+    return value._as_graph_element()  # pylint: disable=protected-access
+
+  def value(self):
+    """The value of the copy nearest the context (as TF 1.15): the
+    replica's or update's, else the one on the current device, else the
+    primary. `read_value()` combines them."""
     if self._uses_one_copy():
       return self._local_copy().value()
-    return self._combined()
+    device = _compat.current_device()
+    if device and device_util.canonicalize(device) in self.devices:
+      return self.get(device).value()
+    return self.primary.value()
 
   def read_value(self):
     """As `value()`, read now (after the control dependencies in scope).
@@ -186,10 +209,11 @@ class SyncOnReadVariable(MirroredVariable):
 
 
 def _convert_to_tensor(var, dtype=None, name=None, as_ref=False):
-  if as_ref or var._uses_one_copy():  # pylint: disable=protected-access
-    return _compat.variable_to_tensor(var.get(), dtype=dtype, name=name,
+  # pylint: disable=protected-access
+  value = var.get() if as_ref else var._context_copy_or_combined()
+  if not isinstance(value, tf.Tensor):
+    return _compat.variable_to_tensor(value, dtype=dtype, name=name,
                                       as_ref=as_ref)
-  value = var.value()
   if dtype is not None and not dtype.is_compatible_with(value.dtype):
     raise errors.InvalidTypeError(
         'Cannot convert ON_READ variable {} of dtype {} to dtype {}.'.format(
@@ -204,7 +228,7 @@ tf.register_tensor_conversion_function(SyncOnReadVariable, _convert_to_tensor,
 
 def _operator(name):
   def apply(self, *args):
-    return getattr(self.value(), name)(*args)
+    return getattr(_convert_to_tensor(self), name)(*args)
   apply.__name__ = name
   return apply
 

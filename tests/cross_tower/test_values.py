@@ -203,13 +203,61 @@ class ValuesTest(tf.test.TestCase):
     self.assertEqual(grouped['b'][0].values, (2, 4))
     self.assertEqual(values.select_device('/cpu:1', grouped),
                      {'a': 3, 'b': [4]})
-    mirrored = values.regroup({'/cpu:0': 5}, wrap_class=values.Mirrored)
+    mirrored = values.regroup({'/cpu:0': 5, '/cpu:1': 6},
+                              wrap_class=values.Mirrored)
     self.assertIsInstance(mirrored, values.Mirrored)
+    # As contrib's: the same object on every device (one device included)
+    # comes back as it is.
+    self.assertEqual(('a', 1), values.regroup({'/cpu:0': ('a', 1)}))
+    shared = object()
+    self.assertIs(shared, values.regroup({'/cpu:0': shared,
+                                          '/cpu:1': shared}))
     with self.assertRaisesRegex(errors.InvalidArgumentError,
                                 'regroup needs at least one device'):
       values.regroup({})
-    with self.assertRaises(ValueError):
-      values.regroup({'/cpu:0': [1], '/cpu:1': [1, 2]})
+    # Different structures: an AssertionError, as contrib's, and a
+    # ValueError, as before.
+    for error in (ValueError, AssertionError):
+      with self.assertRaisesRegex(error, 'different structures'):
+        values.regroup({'/cpu:0': [1], '/cpu:1': [1, 2]})
+
+  def test_select_replica_and_tensor_likeness(self):
+    with tf.Graph().as_default():
+      with tf.device('/cpu:0'):
+        a = tf.constant(1.0)
+      with tf.device('/cpu:1'):
+        b = tf.constant(2.0)
+      per = values.PerDevice({'/cpu:0': a, '/cpu:1': b})
+      self.assertTrue(per.is_tensor_like)
+      self.assertFalse(values.PerDevice({'/cpu:0': 1, '/cpu:1': a})
+                       .is_tensor_like)
+      # Replica 1's share: the value on the second device; plain leaves kept.
+      self.assertEqual({'x': b, 'n': 3},
+                       values.select_replica(1, {'x': per, 'n': 3}))
+    strategy = replicate.MirroredStrategy(['/cpu:0', '/cpu:1'])
+    with tf.Graph().as_default(), strategy.scope():
+      mirrored = tf1.get_variable('m', [])
+      on_read = tf1.get_variable(
+          'r', [], synchronization=tf.VariableSynchronization.ON_READ,
+          aggregation=tf.VariableAggregation.SUM)
+    self.assertIsInstance(mirrored, replicate.values.MirroredVariable)
+    self.assertIsInstance(on_read, replicate.values.SyncOnReadVariable)
+    self.assertIs(replicate.values.ReplicaLocalVariable,
+                  replicate.values.SyncOnReadVariable)
+
+  def test_regroup_rebuilds_namedtuples_without_their_checks(self):
+    # An EstimatorSpec's constructor refuses a PerDevice train_op; contrib
+    # rebuilds namedtuples with _make, which does not check.
+    with tf.Graph().as_default():
+      specs = [tf1.estimator.EstimatorSpec(
+          tf1.estimator.ModeKeys.TRAIN, loss=tf.constant(float(i)),
+          train_op=tf.no_op()) for i in range(2)]
+      grouped = values.regroup({'/cpu:0': specs[0], '/cpu:1': specs[1]})
+    self.assertIsInstance(grouped, tf1.estimator.EstimatorSpec)
+    self.assertIsInstance(grouped.loss, values.PerDevice)
+    self.assertEqual((specs[0].loss, specs[1].loss), grouped.loss.values)
+    self.assertIsInstance(grouped.train_op, values.PerDevice)
+    self.assertEqual(specs[0].mode, grouped.mode)
 
 
 if __name__ == '__main__':

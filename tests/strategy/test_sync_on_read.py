@@ -74,6 +74,38 @@ class SyncOnReadTest(parameterized.TestCase, tf.test.TestCase):
         # Fetching the variable itself gives the primary copy, as in TF.
         self.assertEqual(sess.run(v), 1.0)
 
+  def test_reads_across_replicas_as_tf_1_15(self):
+    # Copies 1, 2, 3, 4 (SUM: 10). In the strategy's scope a fetch of the
+    # variable, a conversion and an operator combine them (TF's get()
+    # there is the cross-replica value); outside its scope they are the
+    # primary's (TF's default replica context is replica 0); read_value()
+    # combines in both; value() is the nearest copy.
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with strategy.scope():
+        v = _on_read('v', AGG.SUM)
+        updates = strategy.experimental_run_v2(
+            lambda: v.assign_add(_replica_plus_one()))
+        inside = {'converted': tf.identity(v), 'plus_one': v + 1.0,
+                  'read': v.read_value(), 'value': v.value()}
+      outside = {'converted': tf.identity(v), 'plus_one': v + 1.0,
+                 'read': v.read_value(), 'value': v.value()}
+      with tf.device(DEVICES[2]):
+        on_copy_2 = v.value()
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(strategy.unwrap(updates))
+        with strategy.scope():
+          fetched_inside = sess.run(v)
+        fetched_outside = sess.run(v)
+        self.assertEqual(10.0, fetched_inside)
+        self.assertEqual(1.0, fetched_outside)
+        self.assertEqual({'converted': 10.0, 'plus_one': 11.0, 'read': 10.0,
+                          'value': 1.0}, sess.run(inside))
+        self.assertEqual({'converted': 1.0, 'plus_one': 2.0, 'read': 10.0,
+                          'value': 1.0}, sess.run(outside))
+        self.assertEqual(3.0, sess.run(on_copy_2))
+
   def test_reads_inside_a_replica_see_its_copy(self):
     strategy = _strategy()
     with tf.Graph().as_default():
