@@ -16,6 +16,7 @@ from replicate.core import device_util
 from replicate.core import op_kinds
 from replicate.graph_copy import bound_devices
 from replicate.graph_copy import bulk_variables
+from replicate.graph_copy import function_copies
 from replicate.graph_copy import node_defs
 
 
@@ -68,6 +69,7 @@ class GraphCopier(object):
     # variables in EVAL, see `own_variables`).
     self._own_variable_ops = set()
     self._tower_ops = set()
+    self._functions = function_copies.FunctionCopies(graph, devices[0])
 
   def share(self, ops):
     """Marks tower-0 ops as shared by every tower: they are never copied.
@@ -104,7 +106,8 @@ class GraphCopier(object):
             for tower_id in range(1, len(self._devices))
         ]
 
-  def own_variables(self, variables, collections, on_tower_devices=False):
+  def own_variables(self, variables, collections, on_tower_devices=False,
+                    follow_first_device=False):
     """Gives every copied tower its own copy of some tower-0 variables.
 
     Each tower gets a new variable per given one (same dtype, shape,
@@ -119,6 +122,9 @@ class GraphCopier(object):
       collections: the graph collections the new variables join.
       on_tower_devices: put each tower's copies on the tower's device (else
         on the device of the variable copied).
+      follow_first_device: put the copies of a variable on tower 0's device
+        on their tower's device (where the tower's own call, whose
+        variables go to its device, would make it).
 
     Returns:
       A list with, for each tower, its variables in the order given (tower
@@ -128,7 +134,10 @@ class GraphCopier(object):
     specs = [
         bulk_variables.VariableSpec(
             name=self._prefixes[tower_id] + variable.op.name,
-            device=(self._devices[tower_id] if on_tower_devices else
+            device=(self._devices[tower_id] if on_tower_devices or (
+                follow_first_device and variable.device and
+                device_util.canonicalize(variable.device) ==
+                device_util.canonicalize(self._devices[0])) else
                     variable.device),
             initial_value=variable.initial_value,
             resource=variable.op.type == 'VarHandleOp', trainable=False,
@@ -291,6 +300,10 @@ class GraphCopier(object):
           node.attr['frame_name'].s = prefix.encode() + node.attr[
               'frame_name'].s
         node_defs.rename_colocation(node, prefix, todo_names)
+        if node_defs.calls_functions(node):
+          self._functions.retarget(
+              node, device_util.canonicalize(self._devices[tower_id]),
+              '_' + prefix.rstrip('/'), graph_def.library)
         returned.append(node.name)
       for name, value in external.items():
         if name.startswith('^'):

@@ -69,11 +69,12 @@ def offset_seed(node, tower_id):
 
 def calls_functions(node):
   """Whether a `NodeDef` names functions (a call, a branch, a loop body)."""
-  return bool(_function_refs(node))
+  return bool(function_refs(node))
 
 
-def _function_refs(node):
-  """The `NameAttrList`s of the functions a `NodeDef`'s attributes name."""
+def function_refs(node):
+  """The `NameAttrList`s of the functions a `NodeDef`'s attributes name
+  (editable in place)."""
   refs = []
   stack = list(node.attr.values())
   while stack:

@@ -46,8 +46,10 @@ def copied_eval_specs(cloner, replication, first_spec, unscaled_loss,
     `(specs, metric_variables)`: the `num_towers - 1` specs, and for every
     tower (tower 0 first) its metric variables in one order.
   """
-  metric_variables = cloner.own_variables(first_metric_variables,
-                                          _METRIC_COLLECTIONS)
+  # Under REPLICATED a tower's call makes its variables on its device.
+  metric_variables = cloner.own_variables(
+      first_metric_variables, _METRIC_COLLECTIONS,
+      follow_first_device=replication.replicated is not None)
   metrics = dict(first_spec.eval_metric_ops or {})
   updates = [metric[1] for metric in metrics.values()
              if isinstance(metric, (tuple, list)) and len(metric) == 2]

@@ -18,6 +18,7 @@ the others again in a subprocess after `tf.compat.v1.disable_v2_behavior()`
 (TF1 control flow with resource variables).
 """
 import os
+import re
 import subprocess
 import sys
 
@@ -147,20 +148,65 @@ class CopiedRandomOpsTest(tf.test.TestCase, parameterized.TestCase):
     self.assertAllEqual(_train_dropout(kind, _NUM_TOWERS),
                         _train_dropout(kind, _NUM_TOWERS))
 
-  def test_functions_without_random_ops_are_shared(self):
-    def library(num_towers):
-      with tf.Graph().as_default() as graph:
-        tf1.train.get_or_create_global_step()
-        replicate.replicate_model_fn(
-            _recurrent_model_fn, devices=mt.cpus(num_towers))(
-                {'x': tf.constant(_sequences()[0])},
-                tf.constant(_sequences()[1]), mt.TRAIN, {'kind': 'lstm'},
-                None)
-        return [f.signature.name
-                for f in graph.as_graph_def().library.function]
-    # TF 2's Keras LSTM is a While (body, condition, their gradients); TF1
-    # control flow has no functions. (Names hold a global counter.)
-    self.assertLen(library(_NUM_TOWERS), len(library(1)))
+  @parameterized.parameters(
+      replicate.TowerBuild.CLONE, replicate.TowerBuild.CALL_PER_TOWER)
+  def test_function_bodies_ask_for_their_towers_device(self, tower_build):
+    # TF 2's while_loop is a While (body, condition, their gradients) traced
+    # under the tower's device scope: its body nodes name that device. A
+    # copy of tower 0's While calling tower 0's functions would run every
+    # tower's loop on tower 0's device; each copy calls its own functions,
+    # as a call traces them. (TF1 control flow has no functions.)
+    devices = mt.cpus(_NUM_TOWERS)
+    with tf.Graph().as_default() as graph:
+      tf1.train.get_or_create_global_step()
+      replicate.replicate_model_fn(
+          _recurrent_model_fn, devices=devices, tower_build=tower_build)(
+              {'x': tf.constant(_sequences()[0])},
+              tf.constant(_sequences()[1]), mt.TRAIN, {'kind': 'loop_read'},
+              None)
+    calls = 0
+    for op in graph.get_operations():
+      match = re.match(r'tower_(\d+)/', op.name)
+      tower_id = int(match.group(1)) if match else 0
+      for name in _called_functions(op):
+        calls += 1
+        body_devices = _body_devices(graph, name)
+        self.assertEqual(
+            set(), body_devices - {'', _canonical(devices[tower_id])},
+            '{} calls {}'.format(op.name, name))
+    if _compat.IS_TF2 and not os.environ.get(_V1_BEHAVIOR):
+      self.assertGreater(calls, 0)
+
+
+def _canonical(device):
+  spec = tf.DeviceSpec.from_string(device)
+  return '{}:{}'.format(spec.device_type, spec.device_index)
+
+
+def _called_functions(op):
+  names = []
+  for attr in ('body', 'cond', 'then_branch', 'else_branch', 'f'):
+    try:
+      names.append(op.get_attr(attr).name)
+    except ValueError:
+      pass
+  return names
+
+
+def _body_devices(graph, name, seen=None):
+  """The devices the nodes of function `name` (and those it calls) name."""
+  seen = set() if seen is None else seen
+  if name in seen:
+    return set()
+  seen.add(name)
+  definition = _compat.graph_function_def(graph, name)
+  devices = set()
+  for node in definition.node_def:
+    devices.add(_canonical(node.device) if node.device else '')
+    for attr in node.attr.values():
+      if attr.HasField('func'):
+        devices |= _body_devices(graph, attr.func.name, seen)
+  return devices
 
 
 def _sequences():

@@ -7,6 +7,7 @@ copies must stay bitwise equal to tower 0's, checkpoints must hold one copy
 under the unreplicated names and move both ways between placements, and
 EVAL and PREDICT must read each tower's own copy.
 """
+import re
 import tempfile
 
 from absl.testing import parameterized
@@ -380,6 +381,32 @@ class ReplicatedGraphTest(tf.test.TestCase):
     matmul = graph.get_operation_by_name('tower_2/second/MatMul')
     if matmul.inputs[1].op.type == 'Identity':
       self.assertEqual(matmul.inputs[1].op.name, 'tower_2/second/kernel/read')
+
+  def test_eval_metric_variables_live_on_their_towers(self):
+    # A tower's own call makes its metric variables on its device under
+    # REPLICATED (as every variable of its): the copies' too, so that each
+    # GPU counts its shard in its own memory. Default placement keeps them
+    # on the consolidation device, as calls do.
+    for placement, expected in (
+        (replicate.VariablePlacement.REPLICATED, '/device:GPU:{}'),
+        (replicate.VariablePlacement.CONSOLIDATION_DEVICE, '/device:CPU:0')):
+      with tf.Graph().as_default() as graph:
+        x, y = _rows(8)
+        tf1.train.get_or_create_global_step()
+        replicate.replicate_model_fn(
+            _model_fn, devices=['/gpu:0', '/gpu:1', '/gpu:2'],
+            variable_placement=placement)(
+                {'x': tf.constant(x)}, tf.constant(y),
+                tf1.estimator.ModeKeys.EVAL, {}, None)
+      metric_variables = graph.get_collection(
+          tf1.GraphKeys.METRIC_VARIABLES)
+      self.assertNotEmpty(metric_variables)
+      for variable in metric_variables:
+        tower = re.match(r'tower_(\d+)/', variable.op.name)
+        self.assertEqual(
+            expected.format(int(tower.group(1)) if tower else 0),
+            tf.DeviceSpec.from_string(variable.device).to_string(),
+            variable.op.name)
 
   def test_predict_towers_read_their_own_copies(self):
     devices = replicate.testing.virtual_cpu_devices(2)
