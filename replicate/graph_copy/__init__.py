@@ -6,7 +6,8 @@ cone a set of targets needs, inputs mapped per copy, devices, seeds, TF1
 while-loop frames, colocation, each copy's own variables), the `NodeDef`
 edits a copy needs and what it reads of a `NodeDef` (`node_defs`), the
 copies TF's placer binds to a shared variable's device (`bound_devices`),
-and the variable copies and an optimizer's slots of them, made in bulk by
+each copy's own library functions where their bodies name tower 0's
+device (`function_copies`), and the variable copies and an optimizer's slots of them, made in bulk by
 one import each before its `apply_gradients` (`bulk_variables`). What to
 copy and when is the clients' decision (towers: `tower_cloning`,
 `output_copies`; strategy: `replica_loop`).

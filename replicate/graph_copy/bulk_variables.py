@@ -123,16 +123,16 @@ def _add_variable(graph_def, spec, name, input_map, devices):
   if spec.aggregation is not None:
     proto.aggregation = spec.aggregation.value
   if spec.resource:
+    # Not the `IsInitialized/VarIsInitializedOp` tf.Variable adds: a
+    # variable made from a `VariableDef` never reads it (its
+    # `is_initialized()` makes a new one), and every copy would carry it.
     _node(graph_def, name, 'VarHandleOp', [], dtype=dtype, shape=shape,
           shared_name=name.encode(), container=b'')
-    _node(graph_def, name + '/IsInitialized/VarIsInitializedOp',
-          'VarIsInitializedOp', [name])
     _node(graph_def, name + '/Assign', 'AssignVariableOp', [name, initial],
           dtype=dtype)
     read = name + '/Read/ReadVariableOp'
     _node(graph_def, read, 'ReadVariableOp', [name], dtype=dtype)
-    for op_name in (name, name + '/IsInitialized/VarIsInitializedOp',
-                    name + '/Assign', read):
+    for op_name in (name, name + '/Assign', read):
       devices[op_name] = device
   else:
     own = [b'loc:@' + name.encode()]

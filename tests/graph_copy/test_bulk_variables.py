@@ -68,9 +68,16 @@ class CreateVariablesTest(tf.test.TestCase, parameterized.TestCase):
               trainable=False, collections=[tf1.GraphKeys.LOCAL_VARIABLES],
               colocate_with=None, wrap_initial_value=False)])
       created = {op.name: op.type for op in graph.get_operations()[start:]}
-      # tf.Variable's ops, under the copy's name (its IsInitialized op,
-      # which nothing reads, included for resource variables).
+      # tf.Variable's ops, under the copy's name, but for the IsInitialized
+      # op of a resource variable, which nothing reads.
+      expected.pop('tower_2/w/IsInitialized/VarIsInitializedOp', None)
       self.assertEqual(expected, created)
+      self.assertTrue(tf1.get_default_graph() is graph)
+      with _virtual_session(graph) as session:
+        # Still reported as uninitialized until initialized (the report
+        # makes its own check).
+        self.assertIn(b'tower_2/w', session.run(
+            tf1.report_uninitialized_variables(tf1.local_variables())))
       self.assertEqual('tower_2/w', bulk.op.name)
       self.assertEqual(made.op.type, bulk.op.type)
       self.assertEqual('/device:CPU:2', bulk.device)
