@@ -301,9 +301,10 @@ class GraphCopier(object):
               'frame_name'].s
         node_defs.rename_colocation(node, prefix, todo_names)
         if node_defs.calls_functions(node):
-          self._functions.retarget(
-              node, device_util.canonicalize(self._devices[tower_id]),
-              '_' + prefix.rstrip('/'), graph_def.library)
+          # The device as the tower's ops ask for it (a canonical one would
+          # name the job `localhost`, which a cluster's session lacks).
+          self._functions.retarget(node, self._devices[tower_id],
+                                   '_' + prefix.rstrip('/'), graph_def.library)
         returned.append(node.name)
       for name, value in external.items():
         if name.startswith('^'):

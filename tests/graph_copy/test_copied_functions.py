@@ -178,6 +178,33 @@ class CopiedRandomOpsTest(tf.test.TestCase, parameterized.TestCase):
       self.assertGreater(calls, 0)
 
 
+class WorkerJobTest(tf.test.TestCase):
+
+  def test_copied_loops_run_in_a_session_of_another_job(self):
+    # A task of job `worker`: the copies of a TF 2 loop's functions must
+    # ask for the tower's device as the tower's ops do (relative to the
+    # session's job), not a canonical string that names `localhost`, of
+    # which this session has no device.
+    config = replicate.testing.virtual_cpu_config(2)
+    server = tf1.train.Server(
+        tf1.train.ClusterSpec({'worker': [
+            'localhost:{}'.format(replicate.testing.pick_unused_port())]}),
+        job_name='worker', task_index=0, config=config)
+    features, labels = _sequences()
+    with tf.Graph().as_default():
+      tf1.train.get_or_create_global_step()
+      spec = replicate.replicate_model_fn(
+          _recurrent_model_fn, devices=mt.cpus(2))(
+              {'x': tf.constant(features)}, tf.constant(labels), mt.TRAIN,
+              {'kind': 'dynamic_rnn'}, None)
+      with tf1.Session(server.target, config=config) as sess:
+        sess.run(tf1.global_variables_initializer())
+        before = sess.run(spec.loss)
+        for _ in range(3):
+          sess.run(spec.train_op)
+        self.assertLess(sess.run(spec.loss), before)
+
+
 def _canonical(device):
   spec = tf.DeviceSpec.from_string(device)
   return '{}:{}'.format(spec.device_type, spec.device_index)
