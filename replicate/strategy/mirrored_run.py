@@ -281,18 +281,22 @@ def _is_plain_python(value):
       value, (str, numbers.Integral, float, bool))
 
 
-def regroup(devices, structures):
+def regroup(devices, structures, container_of=None):
   """Merges one nest per replica into one nest of per-replica leaves.
 
   As TF 1.15's `values.regroup` (lists, tuples, namedtuples rebuilt with
   `_make`, dicts; see `values.merge_structures`). A leaf that is the same
   object on every replica (a mirrored variable, an optimizer, a tensor
-  built outside the replicas) or an equal Python value stays as it is; a
-  leaf that differs between replicas becomes `PerReplica`.
+  built outside the replicas) or an equal Python value stays as it is;
+  each replica's own copy of one mirrored variable (`v.get()`, a
+  variable a tape watched) is that variable again; any other leaf that
+  differs between replicas becomes `PerReplica`.
 
   Args:
     devices: the replica devices, in replica order.
     structures: one nest per replica, all of the same structure.
+    container_of: `value -> the distributed variable holding it` (else
+      the value itself), or None.
 
   Returns:
     The merged nest.
@@ -308,6 +312,12 @@ def regroup(devices, structures):
       same = all(_is_plain_python(leaf) and leaf == first for leaf in leaves)
     if same:
       return first
+    container = container_of(first) if container_of is not None else first
+    if container is not first and isinstance(
+        container, values_lib.DistributedValues) and len(
+            container.values) == len(leaves) and all(
+                copy is leaf for copy, leaf in zip(container.values, leaves)):
+      return container  # each replica gave its own copy, in device order
     return values_lib.PerReplica(dict(zip(devices, leaves)))
   return values_lib.merge_structures(list(structures), merge)
 

@@ -16,6 +16,7 @@ import tensorflow as tf
 from replicate import errors
 from replicate._compat import tf1
 from replicate.core import logs as logging
+from replicate.cross_tower import values as values_lib
 from replicate.strategy import distribute_context
 from replicate.strategy import mirrored_copies
 from replicate.strategy import mirrored_run
@@ -109,6 +110,8 @@ class _Loop(object):
     self.devices = devices
     self.threads = threads
     self.keep = keep
+    # A replica's copy of a mirrored variable regroups into the variable.
+    self.container_of = strategy.extended._value_container  # pylint: disable=protected-access
     self.started = []
     self.finished = False
 
@@ -147,12 +150,15 @@ class _Loop(object):
       for device, t in zip(self.devices, threads):
         t.merge_result = mirrored_run.select_replica(device, result,
                                                      self.keep)
-    return mirrored_run.regroup(self.devices, [t.result for t in threads])
+    return mirrored_run.regroup(self.devices, [t.result for t in threads],
+                                self.container_of)
 
   def merge(self, first, merge_args, merge_kwargs, control_deps):
     """Runs `first`'s merge function once on every replica's arguments."""
-    merge_args = mirrored_run.regroup(self.devices, merge_args)
-    merge_kwargs = mirrored_run.regroup(self.devices, merge_kwargs)
+    merge_args = mirrored_run.regroup(self.devices, merge_args,
+                                      self.container_of)
+    merge_kwargs = mirrored_run.regroup(self.devices, merge_kwargs,
+                                        self.container_of)
     graph = first.graph
     # What the merge function builds runs after every replica's open control
     # dependencies (e.g. an update inside `tf.control_dependencies([op])` in
@@ -216,7 +222,7 @@ class _Copies(object):
       loop.step()
       self.copier.map_mirrored(self.mirrored_variables())
       if first.done:
-        return self._results()
+        return self._results(loop.container_of)
       self._merge(loop, first)
 
   def _merge(self, loop, first):
@@ -246,7 +252,7 @@ class _Copies(object):
           mirrored_copies.map_shares(copier, i, shares[0], shares[i]))
     first.merge_result = shares[0]
 
-  def _results(self):
+  def _results(self, container_of):
     """Every replica's results: replica 0's, and their copies."""
     first = self.threads[0]
     copier = self.copier
@@ -256,14 +262,29 @@ class _Copies(object):
     copier.clone(mirrored_copies.tensors_of((first.result, updates)))
     results = [first.result]
     for i in range(1, len(self.devices)):
-      results.append(mirrored_copies.copy_of(copier, i, first.result))
+      results.append(_own_copies(
+          mirrored_copies.copy_of(copier, i, first.result), i, container_of))
       # Each replica's own updates (e.g. batch normalization's moving
       # statistics), as its own call would have added them.
       for update in updates:
         copy = mirrored_copies.copy_of(copier, i, update)
         if copy is not update:
           self.graph.add_to_collection(tf1.GraphKeys.UPDATE_OPS, copy)
-    return mirrored_run.regroup(self.devices, results)
+    return mirrored_run.regroup(self.devices, results, container_of)
+
+
+def _own_copies(structure, replica_id, container_of):
+  """`structure` with replica 0's copy of a mirrored variable (`v.get()`
+  in replica 0) replaced by replica `replica_id`'s, as its call returns."""
+  def own(leaves):
+    value = leaves[0]
+    container = container_of(value)
+    if container is not value and isinstance(
+        container, values_lib.DistributedValues) and (
+            container.values[0] is value):
+      return container.values[replica_id]
+    return value
+  return values_lib.merge_structures([structure], own)
 
 
 def _op_of(item):

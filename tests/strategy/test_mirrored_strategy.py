@@ -482,6 +482,24 @@ class MergeCallTest(tf.test.TestCase):
             error, 'Replicas produced values of different structures'):
           strategy.experimental_run_v2(fn)
 
+  def test_replicas_returning_their_copies_get_the_variable(self):
+    # As TF's regroup: each replica's own copy of one distributed variable
+    # (v.get(), or what a tape watched) is that variable again.
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with strategy.scope():
+        v = tf1.get_variable('v', [], initializer=tf1.ones_initializer())
+        w = tf1.get_variable(
+            'w', [], synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.SUM)
+        mirrored, on_read = strategy.extended.call_for_each_replica(
+            lambda: (v.get(), w.get()))
+        reads = strategy.extended.call_for_each_replica(
+            lambda: v.get().read_value())
+      self.assertIs(v, mirrored)
+      self.assertIs(w, on_read)
+      self.assertIsInstance(reads, replicate.PerReplica)
+
   def test_replicas_returning_specs_get_one_spec(self):
     # A namedtuple whose constructor checks its fields (an EstimatorSpec)
     # is rebuilt with _make, as TF's regroup does.
