@@ -182,7 +182,11 @@ def _concat_export_output(per_tower, key, rows):
       scores = _concat([o.scores for o in per_tower],
                        'the scores of ClassificationOutput {!r}'.format(key),
                        rows, '[batch, k]')
-    if first.classes is not None:
+    if first.classes is not None and first.classes.shape.ndims == 0:
+      # One string per tower, not per row: stacked per tower, as contrib
+      # did. Never served (exports are unreplicated), but PREDICT must build.
+      classes = tf.stack([o.classes for o in per_tower])
+    elif first.classes is not None:
       classes = _concat([o.classes for o in per_tower],
                         'the classes of ClassificationOutput {!r}'.format(key),
                         rows, '[batch, k]')

@@ -459,25 +459,6 @@ class ModelFnErrorsTest(tf.test.TestCase):
     with self.assertRaisesRegex(ValueError, 'does not match'):
       _build(model_fn, mt.cpus(2), mode=mt.EVAL)
 
-  def test_scalar_classification_classes(self):
-    # Each tower's classes are one string: nothing to concatenate by batch.
-    def model_fn(features, labels, mode):
-      del labels
-      scores = tf1.layers.dense(features['x'], 2)
-      output = tf1.estimator.export.ClassificationOutput(
-          scores=scores, classes=tf.constant('digit'))
-      return tf1.estimator.EstimatorSpec(
-          mode, predictions={'scores': scores},
-          export_outputs={'classes': output})
-
-    with self.assertRaisesRegex(
-        errors.InvalidArgumentError,
-        r"The classes of ClassificationOutput 'classes' is a scalar in each "
-        r'tower, but replicate_model_fn concatenates the towers\' outputs '
-        r'along the batch dimension: give it shape \[batch, k\], one row per '
-        r'example.'):
-      _build(model_fn, mt.cpus(2), mode=mt.PREDICT)
-
   def test_model_fn_returns_wrong_type(self):
     with self.assertRaisesRegex(TypeError, 'must return a '
                                 'tf.estimator.EstimatorSpec'):

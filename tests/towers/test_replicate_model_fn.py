@@ -270,6 +270,41 @@ class EvalAndPredictTest(tf.test.TestCase):
     self.assertAllClose(scores, predicted)
     self.assertAllEqual([[b'a', b'b']] * 4, classes)
 
+  def test_scalar_classes_stacked_per_tower_as_contrib(self):
+    # One class string per tower, not per row: one device and contrib
+    # predict with it; contrib stacks it per tower, and so does replicate.
+    def model_fn(features, labels, mode):
+      del labels
+      scores = tf.stack([features['x'], -features['x']], axis=1)
+      output = tf1.estimator.export.ClassificationOutput(
+          scores=scores, classes=tf.constant('digit'))
+      return tf1.estimator.EstimatorSpec(
+          mode, predictions={'scores': scores},
+          export_outputs={'classes': output})
+
+    with tf.Graph().as_default():
+      spec = replicate.replicate_model_fn(model_fn, devices=mt.cpus(2))(
+          {'x': tf.constant([1., 2., 3.])}, None, mt.PREDICT)
+      with tf1.Session(config=replicate.testing.virtual_cpu_config(2)) as sess:
+        classes = sess.run(spec.export_outputs['classes'].classes)
+    self.assertAllEqual([b'digit', b'digit'], classes)
+
+    def input_fn():
+      return tf.data.Dataset.from_tensor_slices(
+          {'x': np.array([1., 2., 3., 4., 5.], np.float32)}).batch(5)
+
+    predicted = {}
+    for name, fn in (('one', model_fn),
+                     ('two', replicate.replicate_model_fn(model_fn))):
+      estimator = tf1.estimator.Estimator(
+          fn, config=tf1.estimator.RunConfig(
+              session_config=replicate.testing.virtual_cpu_config(2)))
+      predicted[name] = [p['scores'] for p in estimator.predict(input_fn)]
+    # Rows 1..5 in order: x and -x.
+    self.assertAllClose([[x, -x] for x in (1., 2., 3., 4., 5.)],
+                        predicted['two'])
+    self.assertAllClose(predicted['one'], predicted['two'])
+
 
 class PlacementAndNamingTest(tf.test.TestCase, parameterized.TestCase):
 
