@@ -64,14 +64,6 @@ def fn_args(fn):
 # inside the functions: importing them is only needed when they are used.
 
 
-class _FakeNodeDef(object):
-  """Just enough of a NodeDef for device functions to inspect."""
-
-  def __init__(self):
-    self.op = ''
-    self.name = ''
-
-
 class _FakeOperation(object):
   """Just enough of an Operation for a graph to apply its device scopes to."""
 
@@ -79,7 +71,7 @@ class _FakeOperation(object):
     self.device = ''
     self.type = ''
     self.name = ''
-    self.node_def = _FakeNodeDef()
+    self.node_def = tf1.NodeDef()  # Empty, for device functions to read.
 
   def _set_device(self, device):  # pylint: disable=invalid-name
     self.device = device if isinstance(device, str) else device.to_string()
@@ -283,6 +275,17 @@ def cond_predicates(graph):
   return predicates
 
 
+def variable_creator_stack(graph):
+  """This thread's variable creators of `graph`, outermost first (TF copies
+  them into its replica threads; there is no public accessor)."""
+  return list(graph._variable_creator_stack)  # pylint: disable=protected-access
+
+
+def set_variable_creator_stack(graph, stack):
+  """Makes the list `stack` this thread's variable creators of `graph`."""
+  graph._variable_creator_stack = list(stack)  # pylint: disable=protected-access
+
+
 def add_control_inputs(op, controls):
   """Makes the existing `op` wait for the `Operation`s `controls` too (no
   public API; TF's own control flow adds edges to earlier ops this way)."""
@@ -311,11 +314,9 @@ def building_saved_model():
   `export_savedmodel`, `experimental_export_all_saved_models`, the
   `Exporter`s of `train_and_evaluate`) calls `model_fn` from, in TF 1.15 and
   TF 2.15 alike. Where that frame has the local `g` (the graph the method
-  opened), it must be the default graph. The walk costs tens of
-  microseconds per `model_fn` call, i.e. per graph built. If a future
-  tensorflow_estimator renamed the method, exports would again hold the
-  towers (as before this check), but `predict()` can never be taken for an
-  export.
+  opened), it must be the default graph. If a future tensorflow_estimator
+  renamed the method, exports would hold the towers, but `predict()` can
+  never be taken for an export.
 
   Returns:
     A bool.
@@ -338,7 +339,6 @@ def building_saved_model():
 # The Estimator methods (tensorflow_estimator 1.15 and 2.15) whose local
 # `hooks` hold the `StopAtStepHook` that `train(steps=, max_steps=)` adds.
 _TRAIN_METHODS = ('_train_model_default', '_train_model_distributed', 'train')
-_ESTIMATOR_PACKAGES = ('tensorflow_estimator.', 'tensorflow.python.estimator.')
 
 
 def estimator_stop_hooks():
@@ -360,7 +360,7 @@ def estimator_stop_hooks():
   try:
     while frame is not None:
       if (frame.f_code.co_name in _TRAIN_METHODS and
-          frame.f_globals.get('__name__', '').startswith(_ESTIMATOR_PACKAGES)):
+          frame.f_globals.get('__name__', '').startswith(_ESTIMATOR_MODULES)):
         hooks = frame.f_locals.get('hooks')
         if isinstance(hooks, (list, tuple)):
           return [h for h in hooks

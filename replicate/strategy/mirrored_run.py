@@ -16,6 +16,7 @@ replicas that call `merge_call` a different number of times, stop the run;
 every other replica is released with an abort signal and joined, and the
 error is raised in the calling thread.
 """
+import contextlib
 import numbers
 import sys
 import threading
@@ -50,6 +51,16 @@ class Run(object):
     self.taken = {}
 
 
+@contextlib.contextmanager
+def _creators(graph, stack, creator):
+  """`stack`, then `creator` on top, as this thread's variable creators of
+  `graph`. Entered after `graph.as_default()`: a TF 2 `FuncGraph` takes the
+  outer graph's stack there."""
+  _compat.set_variable_creator_stack(graph, stack)
+  with tf1.variable_creator_scope(creator):
+    yield
+
+
 class ReplicaThread(threading.Thread):
   """Runs `fn` for one replica; pauses at each `merge_call`."""
 
@@ -65,6 +76,9 @@ class ReplicaThread(threading.Thread):
     self.fn, self.args, self.kwargs = fn, args, kwargs
     self.creator = creator
     self.graph = tf1.get_default_graph()
+    # The caller's variable creators (the strategy's scope among them) apply
+    # in the replica too, below the replica's own, as in TF.
+    self.creator_stack = _compat.variable_creator_stack(self.graph)
     # The graph `tf.init_scope` lifts variable creation to: the caller's
     # outermost graph, e.g. the graph around a TF 2 `while_loop` body.
     with tf1.init_scope():
@@ -110,7 +124,7 @@ class ReplicaThread(threading.Thread):
           tf1.variable_scope(self.var_scope,
                              reuse=True if self.replica_id > 0 else None,
                              auxiliary_name_scope=False), \
-          tf1.variable_creator_scope(self.creator):
+          _creators(self.graph, self.creator_stack, self.creator):
         self.result = self.fn(*self.args, **self.kwargs)
         self.done = True
     except _Aborted:

@@ -71,31 +71,34 @@ class MirroredExtended(strategy_extended.StrategyExtended):
   # Variables.
 
   def _scope_extras(self):
-    return tf1.variable_creator_scope(self._make_creator(None))
+    return tf1.variable_creator_scope(self._create_variable)
 
-  def _make_creator(self, run):
-    def creator(next_creator, **kwargs):
-      return self._create_variable(run, next_creator, kwargs)
-    return creator
-
-  def _create_variable(self, run, next_creator, kwargs):
+  def _create_variable(self, next_creator, **kwargs):
     """Creates a mirrored variable, or a plain one where mirroring is wrong."""
-    update_device = distribute_context.get_update_device()
-    if (distribute_context.creating_unmirrored_variables() or
-        update_device is not None):
+    if _unmirrored():
       # Optimizer slots and the like: one variable, next to what is updated.
       variable = next_creator(**kwargs)
       self._plain_variables[id(variable)] = variable
       return variable
-    replica = default_strategy.get_replica_context()
-    name = kwargs.get('name')
-    replica_id = getattr(replica, '_replica_id_in_sync_group', 0)
-    if run is not None and replica is not None and replica_id > 0:
-      return self._shared_variable(run, replica_id, name)
-    variable = self._create_mirrored(next_creator, kwargs)
-    if run is not None:
+    return self._create_mirrored(next_creator, kwargs)
+
+  def _sharing_creator(self, run):
+    """The creator on top of each replica thread's stack, which is a copy of
+    the caller's (as TF's): replica 0 creates, through the stack below and
+    this scope's mirroring creator; replica i > 0 takes replica 0's variable
+    of the same name, in creation order."""
+    def creator(next_creator, **kwargs):
+      replica = default_strategy.get_replica_context()
+      replica_id = getattr(replica, '_replica_id_in_sync_group', 0)
+      name = kwargs.get('name')
+      if _unmirrored() or replica is None:
+        return next_creator(**kwargs)
+      if replica_id > 0:
+        return self._shared_variable(run, replica_id, name)
+      variable = next_creator(**kwargs)
       run.created.setdefault(name, []).append(variable)
-    return variable
+      return variable
+    return creator
 
   def _shared_variable(self, run, replica_id, name):
     """Replica `replica_id`'s request for the next variable named `name`."""
@@ -248,7 +251,7 @@ class MirroredExtended(strategy_extended.StrategyExtended):
     _check_not_estimator(fn)
     return replica_loop.call_for_each_replica(
         self._container_strategy(), self._devices, fn, args, kwargs,
-        self._make_creator, keep=(MirroredVariable,),
+        self._sharing_creator, keep=(MirroredVariable,),
         replica_build=self._replica_build,
         mirrored_variables=self._mirrored_variables)
 
@@ -369,6 +372,12 @@ class MirroredExtended(strategy_extended.StrategyExtended):
 
   def _make_input_fn_iterator(self, input_fn):
     return input_lib.InputFunctionIterator(input_fn, devices=self._devices)
+
+
+def _unmirrored():
+  """Whether a variable created now is a plain one (a slot or the like)."""
+  return (distribute_context.creating_unmirrored_variables() or
+          distribute_context.get_update_device() is not None)
 
 
 def _check_not_estimator(fn):

@@ -271,6 +271,36 @@ class MirroredVariableTest(tf.test.TestCase):
           'replica 0 created only 1'):
         strategy.experimental_run_v2(fn)
 
+  def test_callers_creators_apply_in_the_replicas_below_their_own(self):
+    # As TF copies the caller's creator stack into its replica threads: a
+    # creator entered around the call sees replica 0's creation (the other
+    # replicas take replica 0's variable), and a replica's own creator wraps
+    # what the caller's returns.
+    seen = []
+
+    def outer(next_creator, **kwargs):
+      seen.append(kwargs['name'])
+      return next_creator(**kwargs)
+
+    def fn():
+      replica = replicate.get_replica_context().replica_id_in_sync_group
+
+      def inner(next_creator, **kwargs):
+        return (next_creator(**kwargs), replica)
+      with tf1.variable_creator_scope(inner):
+        return tf1.Variable(1.0, name='x')
+
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with strategy.scope(), tf1.variable_creator_scope(outer):
+        variable, replicas = strategy.extended.call_for_each_replica(fn)
+      self.assertEqual(['x'], seen)
+      # One variable for all (regrouped as such), wrapped in every replica.
+      self.assertIsInstance(variable, mirrored_values.MirroredVariable)
+      self.assertEqual(list(range(NUM)),
+                       list(strategy.experimental_local_results(replicas)))
+      self.assertLen(tf1.global_variables(), 1)
+
   def test_colocate_vars_with(self):
     strategy = _strategy()
     with tf.Graph().as_default():

@@ -31,6 +31,8 @@ _REFUSED = {
     'test_plain_optimizer_inside_replica_raises': _ASK_REPLICA_ID,
     'test_assign_inside_replica_raises': _ASK_REPLICA_ID,
     'test_replicas_creating_different_variables_raise': _ASK_REPLICA_ID,
+    'test_callers_creators_apply_in_the_replicas_below_their_own':
+        _ASK_REPLICA_ID,
     'test_run_steps_on_iterator': 'the replicas are built in a loop body',
 }
 
