@@ -111,19 +111,11 @@ def nccl_all_sum(tensors):
 
 def collective_all_reduce(tensor, group_size, group_key, instance_key,
                           merge_op, final_op):
-  """A collective all-reduce op (`CollectiveReduce`), same call on both TFs.
-
-  Args:
-    tensor: the local tensor.
-    group_size: how many devices (over all workers) take part.
-    group_key: integer naming the group of devices.
-    instance_key: integer naming this reduction; equal on every member.
-    merge_op: `'Add'` (and the other names TF accepts).
-    final_op: `'Id'` or `'Div'` (divide by `group_size`).
-
-  Returns:
-    The reduced tensor, on the device of the calling scope.
-  """
+  """A collective all-reduce op (`CollectiveReduce`), same call on both TFs:
+  `tensor` reduced over `group_size` devices (all workers) of the group
+  `group_key`, in the reduction `instance_key` (equal on every member), by
+  `merge_op` (`'Add'`...) then `final_op` (`'Id'`, or `'Div'` by the size).
+  The result is on the device of the calling scope."""
   from tensorflow.python.ops import collective_ops  # pylint: disable=g-import-not-at-top
   return collective_ops.all_reduce(tensor, group_size, group_key, instance_key,
                                    merge_op, final_op)
@@ -199,16 +191,9 @@ VARIABLE_VALUE_KEY = _trackable_base().VARIABLE_VALUE_KEY
 
 
 def make_copies_saveable(copies, name):
-  """A SaveableObject saving `copies[0]` under `name`, restoring every copy.
-
-  Args:
-    copies: the copies of a mirrored variable (resource variables), the
-      primary first.
-    name: the checkpoint key (the primary's op name, as for a plain variable).
-
-  Returns:
-    A `SaveableObject` for `tf.compat.v1.train.Saver`.
-  """
+  """A SaveableObject for `tf.compat.v1.train.Saver` saving `copies[0]` (the
+  primary of a mirrored variable's resource-variable copies) under `name`
+  (its op name, as for a plain variable), restoring every copy."""
   primary = copies[0]
 
   def restore(value):
@@ -284,6 +269,17 @@ def variable_creator_stack(graph):
 def set_variable_creator_stack(graph, stack):
   """Makes the list `stack` this thread's variable creators of `graph`."""
   graph._variable_creator_stack = list(stack)  # pylint: disable=protected-access
+
+
+def record_on_tape(name, outputs, inputs, backward):
+  """Records on the active `GradientTape`s that `outputs` came from `inputs`,
+  with `backward(*output_grads) -> input_grads` (what `tf.custom_gradient`
+  does in graph mode; there is no public API)."""
+  if IS_TF2:
+    from tensorflow.python.eager import record as tape  # pylint: disable=g-import-not-at-top
+  else:
+    from tensorflow.python.eager import tape  # pylint: disable=g-import-not-at-top
+  tape.record_operation(name, list(outputs), list(inputs), backward)
 
 
 def add_control_inputs(op, controls):

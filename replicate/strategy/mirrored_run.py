@@ -224,7 +224,14 @@ class MirroredReplicaContext(replica_context.ReplicaContext):
         {'IdentityN': _ALL_REDUCE_GRADIENTS[reduce_op]}), tf.device(
             self._thread.device):
       outputs = tf.identity_n(list(reduced) + flat, name='all_reduce')
-    return tf.nest.pack_sequence_as(value, list(outputs[:len(flat)]))
+    results = list(outputs[:len(flat)])
+    # A `GradientTape` records ops of this thread only, so it cannot see
+    # the reduction (built by the merge) and does not read the override map:
+    # it gets the same gradient recorded (as `tf.custom_gradient` does).
+    _compat.record_on_tape(
+        'ReplicateAllReduce', results, flat,
+        lambda *grads: _input_gradients(reduce_op, 'all_reduce', flat, grads))
+    return tf.nest.pack_sequence_as(value, results)
 
   def _all_reduce_values(self, reduce_op, tensors):
     def merge_fn(strategy, per_replica):
@@ -245,39 +252,45 @@ def _all_reduce_gradient(reduce_op, op, grads):
   """Gradients of `MirroredReplicaContext._all_reduce`'s IdentityN.
 
   Its inputs are the n reduced tensors, then this replica's n inputs; its
-  first n outputs are the results. The reduced tensors get no gradient; each
-  floating-point input gets the all-reduce of its result's gradient (zeros
-  where the result has none), which every replica computes in the same
-  order, so their `merge_call`s pair up.
+  first n outputs are the results. The reduced tensors get no gradient; the
+  inputs get `_input_gradients`.
+  """
+  count = len(op.inputs) // 2
+  return [None] * count + _input_gradients(
+      reduce_op, op.name, op.inputs[count:], grads[:count])
+
+
+def _input_gradients(reduce_op, name, inputs, grads):
+  """Each floating-point input's gradient: the all-reduce of its result's
+  (zeros where the result has none), which every replica computes in the
+  same order, so their `merge_call`s pair up.
 
   Raises:
     ContextError: outside the replica that built the all-reduce (e.g.
       `tf.gradients` called on the results after `call_for_each_replica`
       returned): the other replicas' gradients are not there to add.
   """
-  count = len(op.inputs) // 2
   context = default_strategy.get_replica_context()
   if not isinstance(context, MirroredReplicaContext):
     raise errors.ContextError(
         'The gradient of all_reduce {} must be built inside the function '
         'given to call_for_each_replica / experimental_run_v2: its inputs '
         "get the all-reduce of every replica's output gradients, which only "
-        'the replicas can compute together.'.format(op.name))
+        'the replicas can compute together.'.format(name))
   positions = []
   upstream = []
-  for position, (grad, tensor) in enumerate(zip(grads[:count],
-                                                op.inputs[count:])):
+  for position, (grad, tensor) in enumerate(zip(grads, inputs)):
     if not (tensor.dtype.is_floating or tensor.dtype.is_complex):
       continue
     positions.append(position)
     upstream.append(tf.zeros_like(tensor) if grad is None else
                     tf1.convert_to_tensor(grad))
-  input_grads = [None] * count
+  input_grads = [None] * len(inputs)
   if upstream:
     for position, grad in zip(positions,
                               context.all_reduce(reduce_op, upstream)):
       input_grads[position] = grad
-  return [None] * count + input_grads
+  return input_grads
 
 
 @tf1.RegisterGradient(_ALL_REDUCE_GRADIENTS[reduce_util.ReduceOp.SUM])

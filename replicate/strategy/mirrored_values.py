@@ -170,7 +170,7 @@ class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):
           "this replica's copy and the copies would differ. Wrap the "
           'optimizer in replicate.TowerOptimizer, or call '
           'replicate.mirrored_strategy.apply_gradients_across_replicas.'
-          .format(self.primary.op.name, replica.replica_id_in_sync_group))
+          .format(self.primary.op.name, replica._replica_id_in_sync_group))
     return self._local_copy().constraint
 
   def _assign(self, method, value, use_locking, name, read_value):
@@ -206,7 +206,7 @@ class MirroredVariable(values_lib.Mirrored, _compat.TrackableBase):
         self.primary.aggregation)
     where = 'MirroredVariable.{} of {} was called inside replica {} of its ' \
         'strategy'.format(method, self.primary.op.name,
-                          replica.replica_id_in_sync_group)
+                          replica._replica_id_in_sync_group)  # pylint: disable=protected-access
     if not self._assign_in_replica_allowed:
       raise errors.ContextError(
           '{}; it is a variable of tf.compat.v1.metrics, which combine their '

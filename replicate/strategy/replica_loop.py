@@ -11,15 +11,19 @@ reason copies cannot be shown right stops the run with
 then, else at the sync point where it shows up (the ask of the replica id
 raises where it is made).
 """
+import collections
+
 import tensorflow as tf
 
 from replicate import errors
 from replicate._compat import tf1
 from replicate.core import logs as logging
+from replicate.core import op_kinds
 from replicate.cross_tower import values as values_lib
 from replicate.strategy import distribute_context
 from replicate.strategy import mirrored_copies
 from replicate.strategy import mirrored_run
+from replicate.strategy import sync_on_read
 
 # How long the main thread waits for an aborted replica thread to exit before
 # giving up on it (it is a daemon thread, so it cannot keep the process alive).
@@ -96,6 +100,8 @@ def call_for_each_replica(strategy, devices, fn, args, kwargs, make_creator,
       else:
         loop.start(threads[:1])
         results = copies.drive(loop)
+    if mirrored_variables is not None:
+      loop.check_writes(mirrored_variables())
     loop.finished = True
     return results
   finally:
@@ -114,6 +120,8 @@ class _Loop(object):
     self.container_of = strategy.extended._value_container  # pylint: disable=protected-access
     self.started = []
     self.finished = False
+    # graph -> the ops the replica threads built in it, merges excluded.
+    self.replica_ops = collections.defaultdict(list)
 
   def start(self, threads):
     for t in threads:
@@ -121,13 +129,53 @@ class _Loop(object):
       self.started.append(t)
 
   def step(self, threads=None):
-    """Lets each started thread run to its next pause; raises its error."""
+    """Lets each started thread run to its next pause; raises its error.
+
+    Keeps what each built (one thread runs at a time): `check_writes`
+    looks there for updates of a single copy.
+    """
     for t in threads or self.started:
+      before = len(t.graph.get_operations())
       t.should_run.set()
       t.has_paused.wait()
       t.has_paused.clear()
       if t.exc_info is not None:
         raise t.exc_info[1].with_traceback(t.exc_info[2])
+      self.replica_ops[t.graph].extend(t.graph.get_operations()[before:])
+
+  def check_writes(self, variables):
+    """Raises if a replica wrote its copy of an ON_WRITE mirrored variable.
+
+    A `tf.compat.v1` optimizer given a callable loss updates what its tape
+    watched, the replica's own copies (with a tensor loss it asks the
+    variable for its `constraint`, which refuses): each copy would get its
+    own replica's gradient, and TF's strategies sum them.
+
+    Raises:
+      ContextError: naming the variable and the write.
+    """
+    for graph, ops in self.replica_ops.items():
+      built = set(ops)
+      for variable in variables:
+        if isinstance(variable, sync_on_read.SyncOnReadVariable):
+          continue
+        for copy in variable.values:
+          if copy.graph is not graph:
+            continue
+          init = copy.initializer
+          writes = [op for op in op_kinds.variable_writes(copy.op, built)
+                    if op is not init]
+          if writes:
+            raise errors.ContextError(
+                '{} ({}) writes the copy of mirrored variable {} on {} '
+                'inside a replica: it would change only that copy, and the '
+                'copies would differ. A tf.compat.v1 optimizer given a '
+                'callable loss updates the copies its tape watched: wrap it '
+                'in replicate.TowerOptimizer, or call '
+                'replicate.mirrored_strategy.apply_gradients_across_replicas'
+                '; assign the mirrored variable itself, not its copy.'.format(
+                    writes[0].name, writes[0].type, variable.primary.op.name,
+                    copy.device))
 
   def drive(self):
     """The per-replica loop, every thread started; returns the results."""

@@ -26,10 +26,10 @@ _REFUSED = {
     'test_merge_function_runs_under_the_replicas_control_dependencies':
         _ASK_REPLICA_ID,
     'test_gradients': _ASK_REPLICA_ID,
+    'test_gradient_tape': _ASK_REPLICA_ID,
     'test_gradients_of_a_mirrored_variable': _ASK_REPLICA_ID,
     'test_values': _ASK_REPLICA_ID,
     'test_plain_optimizer_inside_replica_raises': _ASK_REPLICA_ID,
-    'test_assign_inside_replica_raises': _ASK_REPLICA_ID,
     'test_replicas_creating_different_variables_raise': _ASK_REPLICA_ID,
     'test_callers_creators_apply_in_the_replicas_below_their_own':
         _ASK_REPLICA_ID,
