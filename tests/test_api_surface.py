@@ -437,8 +437,7 @@ class Tf115OriginalsTest(tf.test.TestCase):
 
   def test_distribute_lib(self):
     from tensorflow.python.distribute import distribute_lib as tf_lib  # pylint: disable=g-import-not-at-top
-    # TF 1.15 only (not in 1.14), or TF's own machinery.
-    skip = {'experimental_distribute_datasets_from_function'}
+    skip = set()
     self._compare_class(distribute_lib.Strategy, tf_lib.StrategyV1, skip)
     self._compare_class(distribute_lib.StrategyExtended,
                         tf_lib.StrategyExtendedV1, skip)

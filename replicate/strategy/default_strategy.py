@@ -94,8 +94,9 @@ class _DefaultExtended(StrategyExtended):
   def _make_dataset_iterator(self, dataset, one_shot=False):
     return input_lib.DatasetIterator(dataset, devices=None, one_shot=one_shot)
 
-  def _make_input_fn_iterator(self, input_fn):
-    return input_lib.InputFunctionIterator(input_fn, devices=None)
+  def _make_input_fn_iterator(self, input_fn, one_shot=False):
+    return input_lib.InputFunctionIterator(input_fn, devices=None,
+                                           one_shot=one_shot)
 
 
 class _DefaultStrategy(Strategy):

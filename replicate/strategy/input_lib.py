@@ -105,7 +105,7 @@ class InputContext(object):
                 self._num_replicas_in_sync))
 
 
-def _check_dataset(dataset, what):
+def check_dataset(dataset, what):
   if not isinstance(dataset, tf.data.Dataset):
     raise errors.InvalidTypeError(
         '{} must be a tf.data.Dataset, got {!r} of type {}.'.format(
@@ -170,7 +170,7 @@ class DatasetIterator(_IteratorBase):
       InvalidArgumentError: (TF's ValueError) if a component of its elements
         has rank 0, so that there is no batch to split.
     """
-    _check_dataset(dataset, 'dataset')
+    check_dataset(dataset, 'dataset')
     if devices is not None and len(devices) > 1:
       for shape in tf.nest.flatten(tf1.data.get_output_shapes(dataset)):
         if shape.rank == 0:
@@ -235,7 +235,7 @@ class DistributedDataset(object):
     Raises:
       InvalidTypeError: if `dataset` is not a dataset.
     """
-    _check_dataset(dataset, 'dataset')
+    check_dataset(dataset, 'dataset')
     self._dataset = dataset
     self._make_iterator = make_iterator
 
@@ -247,6 +247,15 @@ class DistributedDataset(object):
     """An iterator that needs no initialization and cannot be restarted."""
     return self._make_iterator(self._dataset, one_shot=True)
 
+  # What tf.compat.v1.data.make_initializable_iterator / make_one_shot_iterator
+  # call, as on TF's distributed datasets.
+  def _make_initializable_iterator(self, shared_name=None):
+    del shared_name  # The iterator is the strategy's.
+    return self.make_initializable_iterator()
+
+  def _make_one_shot_iterator(self):
+    return self.make_one_shot_iterator()
+
   def __iter__(self):
     raise errors.ContextError(
         'A distributed dataset is iterated in graph mode through an iterator: '
@@ -254,16 +263,23 @@ class DistributedDataset(object):
         'make_one_shot_iterator(), then get_next().')
 
 
+class DistributedDatasetsFromFunction(DistributedDataset):
+  """What `Strategy.experimental_distribute_datasets_from_function` returns:
+  a dataset of per-replica batches, of which the replicas take successive
+  elements (`InputFunctionIterator`), iterated as a `DistributedDataset`."""
+
+
 class InputFunctionIterator(_IteratorBase):
   """Replicas take successive elements of the dataset `input_fn` returns."""
 
-  def __init__(self, input_fn, devices):
+  def __init__(self, input_fn, devices, one_shot=False):
     """Calls `input_fn(InputContext)` and builds the iterator.
 
     Args:
       input_fn: a callable taking an `InputContext`, returning a dataset of
         per-replica batches.
       devices: the replica devices, or None for one replica.
+      one_shot: True for a one-shot iterator (no initialization).
 
     Raises:
       InvalidTypeError: if `input_fn` does not return a dataset.
@@ -272,8 +288,8 @@ class InputFunctionIterator(_IteratorBase):
     context = InputContext(
         num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=num)
     dataset = input_fn(context)
-    _check_dataset(dataset, 'The value returned by input_fn')
-    super(InputFunctionIterator, self).__init__(dataset, devices)
+    check_dataset(dataset, 'The value returned by input_fn')
+    super(InputFunctionIterator, self).__init__(dataset, devices, one_shot)
 
   def get_next(self, name=None):
     """The next element for each replica.

@@ -83,10 +83,9 @@ class MirroredExtended(strategy_extended.StrategyExtended):
     return self._create_mirrored(next_creator, kwargs)
 
   def _sharing_creator(self, run):
-    """The creator on top of each replica thread's stack, which is a copy of
-    the caller's (as TF's): replica 0 creates, through the stack below and
-    this scope's mirroring creator; replica i > 0 takes replica 0's variable
-    of the same name, in creation order."""
+    """The creator on top of each replica thread's copy of the caller's stack
+    (as TF's): replica 0 creates, through the stack and this scope's mirroring
+    creator; replica i > 0 takes replica 0's of that name, in order."""
     def creator(next_creator, **kwargs):
       replica = default_strategy.get_replica_context()
       replica_id = getattr(replica, '_replica_id_in_sync_group', 0)
@@ -370,8 +369,9 @@ class MirroredExtended(strategy_extended.StrategyExtended):
     return input_lib.DatasetIterator(dataset, devices=self._devices,
                                      one_shot=one_shot)
 
-  def _make_input_fn_iterator(self, input_fn):
-    return input_lib.InputFunctionIterator(input_fn, devices=self._devices)
+  def _make_input_fn_iterator(self, input_fn, one_shot=False):
+    return input_lib.InputFunctionIterator(input_fn, devices=self._devices,
+                                           one_shot=one_shot)
 
 
 def _unmirrored():

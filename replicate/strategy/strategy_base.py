@@ -94,6 +94,38 @@ class Strategy(object):
     return input_lib.DistributedDataset(
         dataset, self._extended._make_dataset_iterator)  # pylint: disable=protected-access
 
+  def experimental_distribute_datasets_from_function(self, dataset_fn):
+    """The dataset `dataset_fn(InputContext)` returns, for the replicas.
+
+    As TF 1.15's: `dataset_fn` is called once now (one input pipeline) and
+    returns a dataset of per-replica batches (use
+    `InputContext.get_per_replica_batch_size`); each step the replicas take
+    successive elements. Iterate it as `experimental_distribute_dataset`'s.
+
+    Args:
+      dataset_fn: a callable taking an `InputContext`, returning a dataset.
+
+    Returns:
+      A `DistributedDatasetsFromFunction`.
+
+    Raises:
+      InvalidTypeError: if `dataset_fn` is not callable or does not return a
+        dataset.
+    """
+    if not callable(dataset_fn):
+      raise errors.InvalidTypeError(
+          'dataset_fn must be a callable taking an InputContext, got {!r}.'
+          .format(dataset_fn))
+    dataset = dataset_fn(input_lib.InputContext(
+        num_input_pipelines=1, input_pipeline_id=0,
+        num_replicas_in_sync=self.num_replicas_in_sync))
+    input_lib.check_dataset(dataset, 'The value returned by dataset_fn')
+
+    def make_iterator(dataset, one_shot):
+      return self._extended._make_input_fn_iterator(  # pylint: disable=protected-access
+          lambda _: dataset, one_shot=one_shot)
+    return input_lib.DistributedDatasetsFromFunction(dataset, make_iterator)
+
   def make_input_fn_iterator(self, input_fn,
                              replication_mode=InputReplicationMode.PER_WORKER):
     """An iterator over datasets made by `input_fn(InputContext)`.

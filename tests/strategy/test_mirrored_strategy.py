@@ -850,6 +850,41 @@ class InputTest(tf.test.TestCase):
         with self.assertRaises(tf.errors.OutOfRangeError):
           sess.run(list(batch.values))
 
+  def test_distribute_datasets_from_function(self):
+    # dataset_fn is called once, with one pipeline and NUM replicas; its
+    # per-replica batches (2 rows each: 8 rows for 4 replicas) go to the
+    # replicas in turn, as in TF 1.15.
+    strategy = _strategy()
+    contexts = []
+
+    def dataset_fn(context):
+      contexts.append(context)
+      batch = context.get_per_replica_batch_size(8)
+      return tf.data.Dataset.range(16).batch(batch)
+    with tf.Graph().as_default():
+      dataset = strategy.experimental_distribute_datasets_from_function(
+          dataset_fn)
+      self.assertEqual(1, len(contexts))
+      self.assertEqual((1, 0, NUM), (contexts[0].num_input_pipelines,
+                                     contexts[0].input_pipeline_id,
+                                     contexts[0].num_replicas_in_sync))
+      iterator = tf1.data.make_initializable_iterator(dataset)
+      one_shot = tf1.data.make_one_shot_iterator(dataset)
+      self.assertEqual(1, len(contexts))
+      batch = iterator.get_next()
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run(iterator.initialize())
+        self.assertAllEqual(sess.run(list(batch.values)),
+                            [[0, 1], [2, 3], [4, 5], [6, 7]])
+        self.assertAllEqual(sess.run(list(batch.values)),
+                            [[8, 9], [10, 11], [12, 13], [14, 15]])
+        self.assertAllEqual(sess.run(list(one_shot.get_next().values)),
+                            [[0, 1], [2, 3], [4, 5], [6, 7]])
+    with self.assertRaisesRegex(TypeError, 'dataset_fn must be a callable'):
+      strategy.experimental_distribute_datasets_from_function(None)
+    with self.assertRaisesRegex(TypeError, 'returned by dataset_fn'):
+      strategy.experimental_distribute_datasets_from_function(lambda _: 3)
+
   def test_distribute_dataset_misuse(self):
     strategy = _strategy()
     with tf.Graph().as_default():
