@@ -97,14 +97,8 @@ def current_device():
 
 
 def nccl_all_sum(tensors):
-  """NCCL all-sum of `tensors` (one per GPU); one output on each input's device.
-
-  Args:
-    tensors: a list of tensors of one shape and dtype, each placed on its GPU.
-
-  Returns:
-    The list of summed tensors, one per input.
-  """
+  """NCCL all-sum of `tensors` (a list of one shape and dtype, each on its
+  GPU): the list of sums, one on each input's device."""
   from tensorflow.python.ops import nccl_ops  # pylint: disable=g-import-not-at-top
   return nccl_ops.all_sum(tensors)
 
@@ -134,16 +128,10 @@ def collective_dtypes():
 
 
 def local_device_attributes(session_config=None):
-  """Describes the local devices, as a session with `session_config` sees them.
-
-  Args:
-    session_config: optional `tf.compat.v1.ConfigProto`.
-
-  Returns:
-    A list of `(name, device_type, links)`, where `links` lists the indices
-    (bus ids of the GPUs' interconnect) of the GPUs a GPU is linked to (empty
-    for other devices).
-  """
+  """The local devices as a session with `session_config` (an optional
+  `ConfigProto`) sees them: a list of `(name, device_type, links)`, `links`
+  the indices (interconnect bus ids) of the GPUs a GPU is linked to (empty
+  for other devices)."""
   from tensorflow.python.client import device_lib  # pylint: disable=g-import-not-at-top
   result = []
   for d in device_lib.list_local_devices(session_config):
@@ -158,20 +146,10 @@ def local_device_attributes(session_config=None):
 
 
 def variable_to_tensor(variable, dtype=None, name=None, as_ref=False):
-  """Converts a resource variable to a tensor, honouring `as_ref`.
-
-  The conversion function of `MirroredVariable` forwards to its local copy
-  through this; the public `tf.convert_to_tensor` has no `as_ref`.
-
-  Args:
-    variable: a resource variable.
-    dtype: the requested dtype, or None.
-    name: a name for the read, or None.
-    as_ref: whether a reference (the handle-backed variable) is asked for.
-
-  Returns:
-    A tensor.
-  """
+  """`variable` (a resource variable) as a tensor of `dtype` (or None),
+  honouring `as_ref` (the handle-backed variable is asked for), which the
+  public `tf.convert_to_tensor` lacks: `MirroredVariable`'s conversion
+  function forwards to its local copy through this."""
   return variable._dense_var_to_tensor(  # pylint: disable=protected-access
       dtype=dtype, name=name, as_ref=as_ref)
 
@@ -207,19 +185,10 @@ def make_copies_saveable(copies, name):
 
 
 def make_saveable(name, variable, dtype, device, read_fn, restore_fn):
-  """A SaveableObject of one tensor, for `tf.compat.v1.train.Saver`.
-
-  Args:
-    name: the checkpoint key.
-    variable: the variable the object stands for (its primary copy).
-    dtype: the saved tensor's dtype.
-    device: where the saved tensor is read.
-    read_fn: builds the tensor to save (called on `device`).
-    restore_fn: takes the restored tensor and returns the op restoring it.
-
-  Returns:
-    A `SaveableObject`.
-  """
+  """A SaveableObject of one tensor for `tf.compat.v1.train.Saver`, under the
+  key `name`, standing for `variable` (its primary copy): `read_fn()` builds
+  the tensor to save (of `dtype`, read on `device`); `restore_fn(tensor)`
+  returns the op restoring it."""
   from tensorflow.python.training.saving import saveable_object  # pylint: disable=g-import-not-at-top
 
   class _Saveable(saveable_object.SaveableObject):
@@ -280,6 +249,33 @@ def record_on_tape(name, outputs, inputs, backward):
   else:
     from tensorflow.python.eager import tape  # pylint: disable=g-import-not-at-top
   tape.record_operation(name, list(outputs), list(inputs), backward)
+
+
+def _summary_state_fields():
+  """This thread's TF 2-style summary state (writer, step, recording): where
+  TF keeps it and its fields, the replica-0 flag last (no public API)."""
+  if IS_TF2:
+    from tensorflow.python.ops import summary_ops_v2  # pylint: disable=g-import-not-at-top
+    return summary_ops_v2._summary_state, (  # pylint: disable=protected-access
+        'writer', 'step', 'is_recording', 'is_recording_distribution_strategy')
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  return context.context(), ('summary_writer', 'summary_step',
+                             'summary_recording',
+                             'summary_recording_distribution_strategy')
+
+
+def summary_state():
+  """This thread's TF 2-style summary writer, step and recording condition."""
+  holder, fields = _summary_state_fields()
+  return [getattr(holder, field) for field in fields[:3]]
+
+
+def set_summary_state(state, first_replica):
+  """Makes `state` this thread's, recording only if `first_replica` (as TF's
+  replica threads and contexts do)."""
+  holder, fields = _summary_state_fields()
+  for field, value in zip(fields, list(state) + [first_replica]):
+    setattr(holder, field, value)
 
 
 def add_control_inputs(op, controls):

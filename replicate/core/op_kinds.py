@@ -80,6 +80,12 @@ FUNCTION_CALL_OP_TYPES = frozenset([
     'PartitionedCall', 'StatefulPartitionedCall'])
 
 
+# TF 2-style summary writes (`tf.compat.v2.summary`, `summary_ops_v2`).
+SUMMARY_WRITE_OP_TYPES = frozenset([
+    'WriteSummary', 'WriteScalarSummary', 'WriteHistogramSummary',
+    'WriteImageSummary', 'WriteAudioSummary', 'WriteRawProtoSummary',
+    'WriteGraphSummary', 'ImportEvent'])
+
 # Ops that read a checkpoint (a `Saver`'s restore).
 RESTORE_OP_TYPES = frozenset(['RestoreV2', 'Restore', 'RestoreSlice'])
 

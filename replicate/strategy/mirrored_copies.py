@@ -28,6 +28,8 @@ import enum
 
 import tensorflow as tf
 
+from replicate import _compat
+from replicate.core import op_kinds
 from replicate.graph_copy import copy_policy
 from replicate.graph_copy import graph_copier
 from replicate.strategy import distribute_context
@@ -102,7 +104,21 @@ def reason_not_to_clone(graph, per_replica_inputs):
   if graph.building_function or distribute_context.building_loop_body():
     return ('the replicas are built inside a graph function or loop body, '
             'where imported copies would sit outside it')
+  if _compat.summary_state()[0] is not None:
+    return _SUMMARY_REASON
   return copy_policy.reason_inputs_differ(per_replica_inputs)
+
+
+_SUMMARY_REASON = (
+    'a TF 2-style summary writer is in effect: replica 0 alone records, and '
+    "copies of its summary ops would record in every replica")
+
+
+def reason_summaries_written(ops):
+  """Why replicas cannot be copies, given replica 0's new `ops`, or None."""
+  if any(op.type in op_kinds.SUMMARY_WRITE_OP_TYPES for op in ops):
+    return _SUMMARY_REASON
+  return None
 
 
 def tensors_of(structure):

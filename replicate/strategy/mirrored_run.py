@@ -79,6 +79,9 @@ class ReplicaThread(threading.Thread):
     # The caller's variable creators (the strategy's scope among them) apply
     # in the replica too, below the replica's own, as in TF.
     self.creator_stack = _compat.variable_creator_stack(self.graph)
+    # So are the TF 2-style summary writer, step and recording condition;
+    # replica 0 alone records, as in TF.
+    self.summary_state = _compat.summary_state()
     # The graph `tf.init_scope` lifts variable creation to: the caller's
     # outermost graph, e.g. the graph around a TF 2 `while_loop` body.
     with tf1.init_scope():
@@ -115,6 +118,7 @@ class ReplicaThread(threading.Thread):
         return
       context = MirroredReplicaContext(self.strategy, self.replica_id, self)
       self.context = context
+      _compat.set_summary_state(self.summary_state, self.replica_id == 0)
       with self.init_graph.as_default(), \
           self.graph.as_default(), \
           self.graph.colocate_with(None, ignore_existing=True), \

@@ -1,6 +1,8 @@
 """ReplicaBuild.CLONE (opt-in): MirroredStrategy replicas 1..3 as copies of
 replica 0, or an error saying why not (strategy/mirrored_copies.py,
 strategy/replica_loop.py)."""
+import contextlib
+
 from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
@@ -26,6 +28,11 @@ _ROWS = np.random.RandomState(1).uniform(-1, 1, (GLOBAL * STEPS, 4)).astype(
 _LABELS = np.sin(_ROWS.sum(axis=1, keepdims=True) * 3.0).astype(np.float32)
 _INITIAL = [np.random.RandomState(10 + i).uniform(-0.8, 0.8, (4, 4)).astype(
     np.float32) for i in range(3)]
+
+
+@contextlib.contextmanager
+def _nothing():
+  yield
 
 
 def _optimizer(name):
@@ -216,6 +223,27 @@ class ReplicaCopiesTest(tf.test.TestCase, parameterized.TestCase):
           r'body.*CALL_PER_REPLICA'):
         step.get_concrete_function()
     self.assertEqual([], calls)
+
+  @parameterized.parameters(False, True)
+  def test_summaries_are_an_error(self, writer_inside):
+    # Replica 0 alone records: copies of its summary ops would record in
+    # every replica. A writer around the call is known before replica 0
+    # runs; one entered inside shows in what replica 0 built.
+    with tf.Graph().as_default():
+      writer = tf.compat.v2.summary.create_file_writer(self.get_temp_dir())
+
+      def fn():
+        with writer.as_default() if writer_inside else _nothing():
+          return tf.compat.v2.summary.write('a', 1.0, step=0)
+
+      strategy = replicate.MirroredStrategy(DEVICES, replica_build=CLONE)
+      with tf.compat.v2.summary.record_if(True), (
+          _nothing() if writer_inside else writer.as_default()):
+        with self.assertRaisesRegex(
+            errors.InvalidArgumentError,
+            'but a TF 2-style summary writer is in effect: replica 0 alone '
+            'records.*CALL_PER_REPLICA'):
+          strategy.run(fn)
 
   def test_variable_created_after_a_merge(self):
     # After an all-reduce of [1, 2, 3, 4] (sum 10), each replica creates

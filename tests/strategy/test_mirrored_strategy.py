@@ -1,4 +1,5 @@
 """Tests of MirroredStrategy on 4 virtual CPUs."""
+import os
 import threading
 import time
 
@@ -300,6 +301,47 @@ class MirroredVariableTest(tf.test.TestCase):
       self.assertEqual(list(range(NUM)),
                        list(strategy.experimental_local_results(replicas)))
       self.assertLen(tf1.global_variables(), 1)
+
+  def test_summaries_are_recorded_by_replica_zero(self):
+    self._check_summaries(writer_inside=False)
+
+  def test_summaries_are_recorded_by_replica_zero_writer_inside(self):
+    self._check_summaries(writer_inside=True)
+
+  def _check_summaries(self, writer_inside):
+    # As TF: the replicas get the caller's TF 2-style summary writer, step
+    # and recording condition, and replica 0 alone records. A writer set
+    # around the call wrote nothing; one entered inside, NUM events.
+    logdir = os.path.join(self.get_temp_dir(), 'inside_%s' % writer_inside)
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      writer = tf.compat.v2.summary.create_file_writer(logdir)
+
+      def fn():
+        replica = replicate.get_replica_context().replica_id_in_sync_group
+        value = tf.constant(10.0 + replica)
+        if writer_inside:
+          with writer.as_default():
+            return tf.compat.v2.summary.write('a', value)
+        return tf.compat.v2.summary.write('a', value)
+      with tf.compat.v2.summary.record_if(True):
+        tf.compat.v2.summary.experimental.set_step(7)
+        if writer_inside:
+          written = strategy.experimental_run_v2(fn)
+        else:
+          with writer.as_default():
+            written = strategy.experimental_run_v2(fn)
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run(writer.init())
+        written = sess.run(list(strategy.experimental_local_results(written)))
+        sess.run(writer.flush())
+    self.assertEqual([True] + [False] * (NUM - 1), written)
+    events = [(event.step, value.tag, float(tf1.make_ndarray(value.tensor)))
+              for name in os.listdir(logdir)
+              for event in tf1.train.summary_iterator(
+                  os.path.join(logdir, name))
+              for value in event.summary.value]
+    self.assertEqual([(7, 'a', 10.0)], events)  # Replica 0's value, 10.
 
   def test_colocate_vars_with(self):
     strategy = _strategy()

@@ -34,6 +34,10 @@ _REFUSED = {
     'test_callers_creators_apply_in_the_replicas_below_their_own':
         _ASK_REPLICA_ID,
     'test_run_steps_on_iterator': 'the replicas are built in a loop body',
+    'test_summaries_are_recorded_by_replica_zero':
+        'TF 2-style summaries are written (test_mirrored_copies.py)',
+    'test_summaries_are_recorded_by_replica_zero_writer_inside':
+        'TF 2-style summaries are written (test_mirrored_copies.py)',
 }
 
 
