@@ -57,8 +57,11 @@ def can_copy(variable):
   unguarded.
   """
   initial_value = getattr(variable, 'initial_value', None)
+  # An Operation, or (TF 1.15, after `init_from_checkpoint` replaced it) the
+  # output of a reference variable's `Assign`.
+  initializer = getattr(variable.initializer, 'op', variable.initializer)
   return can_create(initial_value) and (
-      variable.initializer.inputs[1] is initial_value)
+      initializer.inputs[1] is initial_value)
 
 
 def create_variables(graph, specs):

@@ -89,7 +89,7 @@ class ReplicatedVariables(object):
     """Records the ops of the optimizer's update of every copy."""
     self._updates.update(ops)
 
-  def check_writes(self):
+  def check_writes(self, step):
     """Raises if anything but the optimizer writes a copied variable.
 
     Every tower keeps its own copy, and the copies stay equal because only
@@ -97,20 +97,26 @@ class ReplicatedVariables(object):
     Another write in tower 0 (a counter of rows in the forward pass, a
     projection after `minimize`) would reach one copy, or each tower's copy
     its own, where a `model_fn` call per tower writes the one variable.
+    Writes that a step does not run are left alone: those run once when the
+    session starts (`init_from_checkpoint`, a scaffold's `init_fn`) come
+    before the copies are set from tower 0's.
 
     TF 2 functions that get a variable's handle (a `While` body) are not
     looked into: a write there is not found.
 
+    Args:
+      step: the ops and tensors a step runs (the spec's train op, loss,
+        metrics and predictions); writes outside their cone are not steps'.
+
     Raises:
       InvalidArgumentError: naming the variable, the op and the fixes.
     """
+    cone = op_kinds.backward_cone(
+        op for op in (op_kinds.op_of(item) for item in step) if op is not None)
     for name in sorted(self._copies):
       variable = self._copies[name][0]
-      for write in op_kinds.variable_writes(variable.op):
-        # A restore (a `Saver` in the spec's scaffold) writes tower 0's
-        # copy when the session starts, before the copies are set from it.
-        if (write in self._updates or write is variable.initializer or
-            op_kinds.restores(write) or _calls_a_function(write)):
+      for write in op_kinds.variable_writes(variable.op, within=cone):
+        if write in self._updates or _calls_a_function(write):
           continue
         raise errors.InvalidArgumentError(
             'variable_placement=REPLICATED keeps one copy of trainable '

@@ -234,7 +234,8 @@ def _with_sync_hook(spec, mode, replicated):
   """
   if replicated is None:
     return spec
-  replicated.check_writes()
+  replicated.check_writes(tf.nest.flatten(
+      [spec.train_op, spec.loss, spec.eval_metric_ops, spec.predictions]))
   spec = spec._replace(
       scaffold=replicated.scaffold_initializing_copies(spec.scaffold))
   hook = replicated.sync_hook()

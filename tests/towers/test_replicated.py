@@ -57,10 +57,17 @@ def _model_fn(features, labels, mode, params):
   logits = tf1.layers.dense(
       net, 1, kernel_initializer=tf1.glorot_uniform_initializer(seed=9),
       name='logits')
+  if params.get('warm_start'):  # the first layer from a checkpoint
+    tf1.train.init_from_checkpoint(params['warm_start'], {'first/': 'first/'})
   # A local_init_op of model_fn's own: made before the towers' copies.
   def scaffold():
     if params.get('saver'):  # restores and saves tower 0's variables
       return tf1.train.Scaffold(saver=tf1.train.Saver(max_to_keep=2))
+    if params.get('init_fn'):  # sets a bias once, when the session starts
+      with tf1.variable_scope('second', reuse=True):
+        bias = tf1.get_variable('bias')
+      assign = tf1.assign(bias, tf.range(0.1, 0.5, 0.1))
+      return tf1.train.Scaffold(init_fn=lambda _, sess: sess.run(assign))
     if params.get('scaffold'):
       return tf1.train.Scaffold(local_init_op=tf.group(
           tf1.local_variables_initializer(), tf1.tables_initializer()))
@@ -266,6 +273,25 @@ class ReplicatedTest(tf.test.TestCase, parameterized.TestCase):
     for name in expected:
       self.assertAllClose(expected[name], resumed[name], rtol=1e-5,
                           atol=1e-6, msg=name)
+
+  @parameterized.parameters('init_fn', 'warm_start')
+  def test_writes_when_the_session_starts(self, how):
+    # init_from_checkpoint and a scaffold's init_fn write tower 0's variables
+    # once, before the copies are set from them: not a step's write to
+    # refuse (they were refused; on TF 1.15 init_from_checkpoint crashed).
+    # The warm start reads a checkpoint trained with Adam (weights unlike
+    # the seeded ones); the init_fn sets second/bias to [0.1 .. 0.4].
+    params = {how: True}
+    if how == 'warm_start':
+      params['warm_start'] = self._train(3, {'optimizer': 'adam'}, **_ONE)
+    one = _checkpoint(self._train(3, params, **_ONE))
+    replicated = _checkpoint(self._train(3, params, **_REPLICATED))
+    plain = _checkpoint(self._train(3, {}, **_ONE))
+    for name in one:
+      self.assertAllClose(one[name], replicated[name], rtol=1e-5, atol=1e-6,
+                          msg=name)
+    changed = 'first/kernel' if how == 'warm_start' else 'second/bias'
+    self.assertNotAllClose(plain[changed], one[changed])
 
   @parameterized.parameters({}, {'scaffold': True})
   def test_eval_and_predict_as_one_device(self, **params):
