@@ -80,6 +80,11 @@ FUNCTION_CALL_OP_TYPES = frozenset([
     'PartitionedCall', 'StatefulPartitionedCall'])
 
 
+# The kernels of optimizers' updates (`ApplyAdam`, `ResourceSparseApplyFtrl`,
+# Keras' `ResourceApplyKerasMomentum`...): only optimizers make them.
+OPTIMIZER_UPDATE_PREFIXES = ('Apply', 'ResourceApply', 'SparseApply',
+                             'ResourceSparseApply')
+
 # TF 2-style summary writes (`tf.compat.v2.summary`, `summary_ops_v2`).
 SUMMARY_WRITE_OP_TYPES = frozenset([
     'WriteSummary', 'WriteScalarSummary', 'WriteHistogramSummary',

@@ -238,6 +238,41 @@ def check_no_tower_state_written(replication, created):
                 'tower_build is TowerBuild.CALL_PER_TOWER'))
 
 
+def check_only_tower_optimizers_update(replication, train_op):
+  """Raises if the step runs an update of a trainable variable by an
+  optimizer that is not a `TowerOptimizer` (a second optimizer left plain,
+  such as `DNNLinearCombinedClassifier`'s default `linear_optimizer='Ftrl'`):
+  it would apply one tower's unscaled gradients, silently.
+
+  Args:
+    replication: the `tower_context.Replication` built, with several towers.
+    train_op: the step's `train_op`.
+
+  Raises:
+    InvalidArgumentError: naming the variable and the update.
+  """
+  if train_op is None or replication.num_towers < 2:
+    return
+  trainable = set(v.op for v in replication.graph.get_collection(
+      tf1.GraphKeys.TRAINABLE_VARIABLES))
+  for op in op_kinds.backward_cone([op_kinds.op_of(train_op)]):
+    if (op in replication.tower_optimizer_updates or
+        not op.type.startswith(op_kinds.OPTIMIZER_UPDATE_PREFIXES) or
+        not op.inputs):
+      continue
+    variable = _variable_op(op.inputs[0])
+    if variable in trainable:
+      raise errors.InvalidArgumentError(
+          'Trainable variable {} is updated by {} ({}), which no '
+          'TowerOptimizer made: an optimizer that is not wrapped would apply '
+          "one tower's gradients alone. Wrap every optimizer of model_fn in "
+          'replicate.TowerOptimizer (a canned estimator takes optimizer '
+          'objects: e.g. DNNLinearCombinedClassifier(linear_optimizer='
+          'replicate.TowerOptimizer(tf.compat.v1.train.FtrlOptimizer(...)), '
+          'dnn_optimizer=replicate.TowerOptimizer(...))).'.format(
+              variable.name, op.name, op.type))
+
+
 def _written(op):
   """The refs and resource handles `op` may write (a function call's too)."""
   if (op.type in op_kinds.VARIABLE_READER_OP_TYPES or

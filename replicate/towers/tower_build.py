@@ -190,6 +190,8 @@ def build(model_fn, features, labels, mode, params, config, placement,
                                  (feature_shards[0], label_shards[0]),
                                  expand_composites=True) if t is not None])
     if mode == ModeKeys.TRAIN:
+      step_checks.check_only_tower_optimizers_update(replication,
+                                                     spec.train_op)
       tower_collections.order_update_writes(
           collections.added(tower_collections.UPDATE_TOWER_ID,
                             tf1.GraphKeys.UPDATE_OPS), spec.train_op)

@@ -150,6 +150,8 @@ class Replication(object):
     self.tower_context_requested = False
     self.not_cloned_reason = None
     self.gradient_losses = []
+    # The ops of TowerOptimizer's updates of the step (step_checks.py).
+    self.tower_optimizer_updates = set()
     self._calls = [[] for _ in range(num_towers)]
 
   @property

@@ -194,12 +194,14 @@ def _apply_sums(replication, optimizer, call_index, global_step, name,
     # Towers built by calls: the last one applies, with its own state.
     train_op, created = gradient_gating.ops_created_by(replication.graph,
                                                        apply)
+    replication.tower_optimizer_updates.update(created)
     step_checks.check_no_tower_state_written(replication, created)
     return train_op
   # Tower 0 applies for copied towers: what it builds here is the one
   # update of the step, never to be copied (e.g. when a later optimizer
   # call of tower 0 depends on this one).
   train_op, created = gradient_gating.ops_created_by(replication.graph, apply)
+  replication.tower_optimizer_updates.update(created)
   replication.cloner.share(created)
   return train_op
 

@@ -1,4 +1,5 @@
 """Every misuse of replicate_model_fn / TowerOptimizer raises a clear error."""
+from absl.testing import parameterized
 import model_testing as mt
 import numpy as np
 import tensorflow as tf
@@ -159,7 +160,7 @@ def _extra_optimizer_call_in(tower_id):
   return model_fn
 
 
-class ModelFnErrorsTest(tf.test.TestCase):
+class ModelFnErrorsTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_feature_rows_differ_from_the_batch(self):
     with self.assertRaisesRegex(
@@ -201,6 +202,54 @@ class ModelFnErrorsTest(tf.test.TestCase):
       _build(model_fn, mt.cpus(2))
     _build(model_fn, mt.cpus(1))  # one device: a plain optimizer is fine
 
+  @parameterized.parameters(
+      {}, {'tower_build': replicate.TowerBuild.CALL_PER_TOWER},
+      {'variable_placement': replicate.VariablePlacement.REPLICATED})
+  def test_second_optimizer_not_wrapped(self, **kwargs):
+    # One optimizer wrapped, one plain: the plain one applied one tower's
+    # unscaled gradients to its variables, silently (contrib too).
+    def model_fn(features, labels, mode):
+      del labels
+      a = tf1.get_variable('a', [3, 1])
+      b = tf1.get_variable('b', [3, 1])
+      loss = tf.reduce_mean(tf.matmul(features['x'], a + b))
+      wrapped = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1)).minimize(
+              loss, var_list=[a], global_step=tf1.train.get_global_step())
+      plain = tf1.train.AdagradOptimizer(0.1).minimize(loss, var_list=[b])
+      return _spec(mode, loss, tf.group(wrapped, plain))
+
+    with self.assertRaisesRegex(
+        ValueError, r'Trainable variable b is updated by .*ApplyAdagrad.*, '
+        'which no TowerOptimizer made: an optimizer that is not wrapped would '
+        "apply one tower's gradients alone. Wrap every optimizer"):
+      _build(model_fn, mt.cpus(2), **kwargs)
+
+  def test_canned_estimator_with_a_plain_linear_optimizer(self):
+    # DNNLinearCombinedClassifier's linear_optimizer defaults to 'Ftrl', a
+    # plain optimizer: wrapping only dnn_optimizer trained the linear part
+    # on tower 0's rows alone.
+    column = tf1.feature_column.numeric_column('x', shape=[3])
+    canned = tf1.estimator.DNNLinearCombinedClassifier(
+        linear_feature_columns=[column], dnn_feature_columns=[column],
+        dnn_hidden_units=[2], dnn_optimizer=replicate.TowerOptimizer(
+            tf1.train.GradientDescentOptimizer(0.1)))
+    estimator = tf1.estimator.Estimator(
+        replicate.replicate_model_fn(
+            canned.model_fn, loss_reduction=tf1.losses.Reduction.SUM,
+            devices=mt.cpus(2)),
+        config=tf1.estimator.RunConfig(
+            session_config=replicate.testing.virtual_cpu_config(2)))
+
+    def input_fn():
+      features, labels = mt.data(batch_size=8)
+      return tf.data.Dataset.from_tensors((features, labels))
+
+    with self.assertRaisesRegex(
+        ValueError, r'Trainable variable linear/linear_model/.* is updated '
+        r'by .*ApplyFtrl.*linear_optimizer='):
+      estimator.train(input_fn, steps=1)
+
   def test_gradients_not_computed_by_tower_optimizer(self):
     # tf.gradients of the unscaled tower loss: 4 towers' sum would apply 4
     # times one device's step (contrib refused this too).
@@ -238,6 +287,11 @@ class ModelFnErrorsTest(tf.test.TestCase):
         if case == 'beside':
           pairs = optimizer.compute_gradients(loss, var_list=[w])
           pairs.append((tf.gradients(loss, b)[0], b))
+        elif case == 'sparse':  # an IndexedSlices term, of an embedding
+          e = tf1.get_variable('e', [4, 1])
+          loss += tf.reduce_sum(tf.gather(e, [0, 2]) * labels[:2])
+          pairs = optimizer.compute_gradients(loss, var_list=[w, b])
+          pairs.append((tf.gradients(loss, e)[0], e))
         elif case == 'added':
           pairs = optimizer.compute_gradients(loss, var_list=[w, b])
           aux = tf.gradients(tf.reduce_mean(features['x']) * b, [b])[0]
@@ -252,7 +306,8 @@ class ModelFnErrorsTest(tf.test.TestCase):
 
     for placement in (replicate.VariablePlacement.CONSOLIDATION_DEVICE,
                       replicate.VariablePlacement.REPLICATED):
-      for case, variable in (('beside', 'b'), ('added', 'b')):
+      for case, variable in (('beside', 'b'), ('added', 'b'),
+                             ('sparse', 'e')):
         with self.assertRaisesRegex(
             ValueError,
             r'apply_gradients got a gradient for {}:0 that depends on the '

@@ -295,7 +295,8 @@ class EvalAndPredictTest(tf.test.TestCase):
 
     predicted = {}
     for name, fn in (('one', model_fn),
-                     ('two', replicate.replicate_model_fn(model_fn))):
+                     ('two', replicate.replicate_model_fn(
+                         model_fn, devices=mt.cpus(2)))):
       estimator = tf1.estimator.Estimator(
           fn, config=tf1.estimator.RunConfig(
               session_config=replicate.testing.virtual_cpu_config(2)))
