@@ -30,6 +30,9 @@ class PlanBucketsTest(parameterized.TestCase, tf.test.TestCase):
       # One byte: every depth closes a bucket, but a layer's kernel and bias
       # (one depth) stay together.
       ('never_split_a_depth', 1, [[4, 5], [2, 3], [0, 1]]),
+      # Exactly full (33 bytes of 33) closes too: a bucket fills *to* its
+      # size, it does not wait for one byte more.
+      ('exactly_full', 33, [[4, 5], [2, 3], [0, 1]]),
   )
   def test_buckets_fill_in_ready_order(self, max_bytes, expected):
     self.assertEqual(expected, buckets.plan_buckets(

@@ -166,6 +166,33 @@ class PackedSumTest(tf.test.TestCase, parameterized.TestCase):
     self.assertAllEqual(got['only_tower0'], np.ones([4, 2]))
 
 
+  @parameterized.parameters(0, 1)
+  def test_sparse_in_one_tower_dense_in_another(self, sparse_tower):
+    # A small variable (packable by size) whose gradient is IndexedSlices in
+    # one tower and dense in the other (a gather in one, a matmul in the
+    # other): summed densely, never packed. Tower t adds t + 1 to row t.
+    with tf.Graph().as_default():
+      with tf1.device(_DEVICES[0]):
+        emb = tf1.get_variable('emb', shape=[4, 2])
+        other = tf1.get_variable('other', shape=[3, 2])
+      tower_grads = []
+      for t in range(2):
+        with tf1.device(_DEVICES[t]):
+          row = tf.ones([1, 2]) * (t + 1)
+          if t == sparse_tower:
+            grad = tf.IndexedSlices(row, tf.constant([t]), tf.constant([4, 2]))
+          else:
+            grad = tf.scatter_nd([[t]], row, [4, 2])
+          tower_grads.append([(grad, emb), (tf.ones([3, 2]) * (t + 1), other)])
+      summed = dict((v.op.name, g) for g, v in
+                    gradient_aggregation.sum_gradients_by_variable(
+                        tower_grads, _DEFAULTS))
+      self.assertNotIsInstance(summed['emb'], tf.IndexedSlices)
+      with tf1.Session(config=replicate.testing.virtual_cpu_config(4)) as sess:
+        got = sess.run(summed)
+    self.assertAllEqual(got['emb'], [[1, 1], [2, 2], [0, 0], [0, 0]])
+    self.assertAllEqual(got['other'], np.full([3, 2], 3.0))
+
 class PackScalingTest(tf.test.TestCase, parameterized.TestCase):
   """Packs keep one size: their number does not grow with towers."""
 

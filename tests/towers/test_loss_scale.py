@@ -7,6 +7,8 @@ one tower's gradients only; and towers built by their own `model_fn` calls
 would keep a loss scale each, of which the step updates one. Both are
 errors.
 """
+import functools
+
 from absl.testing import parameterized
 import model_testing as mt
 import numpy as np
@@ -145,6 +147,35 @@ class LossScaleTest(tf.test.TestCase, parameterized.TestCase):
            r'model_fn calls replicate\.get_tower_context\(\)')):
       _train_estimator(inner if asked else asks_for_its_tower, mt.cpus(2),
                        **(kwargs if asked else {}))
+
+
+  def test_state_of_each_call_the_update_only_reads(self):
+    # A learning rate kept in a non-trainable variable that each call makes
+    # (tower_1/lr beside lr): the last tower's update reads its own, equal
+    # to tower 0's, and writes none of it: accepted, as one device. (A
+    # resource variable: the update's own ReadVariableOp reads it.)
+    def model_fn(features, labels, mode, params):
+      del params
+      w = tf1.get_variable('w', [3, 1],
+                           initializer=tf1.constant_initializer(0.5))
+      lr = tf1.Variable(0.1, trainable=False, name='lr', use_resource=True)
+      loss = tf1.losses.mean_squared_error(
+          labels, tf.matmul(features['x'], w))
+      train_op = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(lr)).minimize(
+              loss, tf1.train.get_global_step())
+      return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    features, labels = {'x': _X[0]}, _Y[0]
+    one = mt.train_variables(model_fn, features, labels, mt.cpus(1))
+    calls = mt.train_variables(
+        model_fn, features, labels, mt.cpus(2),
+        replicate_fn=functools.partial(
+            replicate.replicate_model_fn,
+            tower_build=replicate.TowerBuild.CALL_PER_TOWER))
+    self.assertIn('tower_1/lr', calls)
+    self.assertNotAllClose(0.5 * np.ones([3, 1]), one['w'])  # it trained
+    self.assertAllClose(one['w'], calls['w'], rtol=1e-6)
 
 
 if __name__ == '__main__':

@@ -73,9 +73,15 @@ def _model_fn(features, labels, mode, params):
       tf1.train.GradientDescentOptimizer(0.1),
       accumulation_steps=params['accumulation_steps'],
       compression=params['compression'])
+  var_list = None
+  if params.get('unused_variable'):
+    # In var_list, read by nothing: its gradient is None in every tower.
+    tf1.get_variable('unused', [2], initializer=tf1.ones_initializer())
+    var_list = tf1.trainable_variables()
   with tf1.control_dependencies(tf1.get_collection(
       tf1.GraphKeys.UPDATE_OPS)):
-    train_op = optimizer.minimize(loss, tf1.train.get_global_step())
+    train_op = optimizer.minimize(loss, tf1.train.get_global_step(),
+                                  var_list=var_list)
   metrics = {
       'mse': tf1.metrics.mean_squared_error(labels, prediction),
       'mean_prediction': tf1.metrics.mean(prediction),
@@ -135,12 +141,14 @@ class UnevenBatchEstimatorTest(tf.test.TestCase, parameterized.TestCase):
 
   def _compare(self, size, batch, reduction=Reduction.SUM_BY_NONZERO_WEIGHTS,
                optimizer='sgd', plain_mean=False, accumulation_steps=1,
-               compression=None, rtol=1e-5, batch_norm=False, **replication):
+               compression=None, rtol=1e-5, batch_norm=False,
+               unused_variable=False, **replication):
     root = self.get_temp_dir() + '/' + self.id().split('.')[-1]
     params = {'reduction': reduction, 'optimizer': optimizer,
               'plain_mean': plain_mean,
               'accumulation_steps': accumulation_steps,
-              'compression': compression, 'batch_norm': batch_norm}
+              'compression': compression, 'batch_norm': batch_norm,
+              'unused_variable': unused_variable}
     one = tf1.estimator.Estimator(_model_fn, config=_config(root + '/one'),
                                   params=params)
     one.train(_input_fn(3, 3), steps=1)  # the checkpoint both start from
@@ -219,6 +227,11 @@ class UnevenBatchEstimatorTest(tf.test.TestCase, parameterized.TestCase):
     # towers 1-3 normalize no rows: mean and variance 0/0 = NaN, and batch
     # norm's gradients NaN with them, though their loss weighs exactly 0.
     self._compare(5, 1, optimizer=optimizer, batch_norm=True, **replication)
+
+  def test_variable_without_gradient(self):
+    # A None gradient passes the empty-tower masking untouched (5 rows in
+    # batches of 3: [1, 1, 1, 0] rows in the last step).
+    self._compare(5, 3, unused_variable=True)
 
   def test_call_per_tower(self):
     self._compare(5, 3, tower_build=replicate.TowerBuild.CALL_PER_TOWER)
