@@ -196,10 +196,12 @@ def measure(path):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--rounds', type=int, default=3)
-  parser.add_argument('--python', default=None)
-  parser.add_argument('--extract')
-  parser.add_argument('--measure')
+  parser.add_argument('--rounds', type=int, default=3,
+                      help='fresh measuring processes, one figure each')
+  parser.add_argument('--python', default=None,
+                      help='the Python (and so the TF) of the children')
+  parser.add_argument('--extract', help='child: record the copies to FILE')
+  parser.add_argument('--measure', help='child: build from FILE, measure')
   args = parser.parse_args()
   sys.path[:0] = [bench_util.HERE, os.path.join(bench_util.ROOT, 'tests')]
   if args.extract:
