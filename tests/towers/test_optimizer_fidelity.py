@@ -217,6 +217,55 @@ class OptimizerVariableNamesTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(replicated['global_step'], 3)
 
 
+def _moving_average_model_fn(features, labels, mode, params):
+  """`minimize`, then an `ExponentialMovingAverage` of the weights.
+
+  The idiom of TF's official image models: the averages' update runs after
+  the optimizer's (a control dependency) and is the step's `train_op`; the
+  decay follows the global step (`num_updates`), so a step counted twice or
+  an average updated once per tower shows in the shadows' values.
+  """
+  hidden = tf1.layers.dense(
+      features['x'], 4, activation=tf.nn.tanh,
+      kernel_initializer=tf1.glorot_uniform_initializer(seed=1), name='h')
+  logits = tf1.layers.dense(
+      hidden, 1, kernel_initializer=tf1.glorot_uniform_initializer(seed=2),
+      name='logits')
+  loss = tf1.losses.mean_squared_error(labels, logits)
+  step = tf1.train.get_global_step()
+  minimize = replicate.TowerOptimizer(
+      _OPTIMIZERS[params['optimizer']]()).minimize(loss, step)
+  averages = tf1.train.ExponentialMovingAverage(0.9, num_updates=step)
+  with tf.control_dependencies([minimize]):
+    train_op = averages.apply(tf1.trainable_variables())
+  return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+class MovingAverageTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ('{}_{}'.format(optimizer, build), optimizer, build)
+      for optimizer in ('sgd', 'adam') for build in sorted(_BUILDS))
+  def test_shadows_as_one_device(self, optimizer, build):
+    x, y = _rows()
+    params = {'optimizer': optimizer}
+    one = _train_in_graph(_moving_average_model_fn, {'x': x}, y, params)
+    replicated = _train_in_graph(_moving_average_model_fn, {'x': x}, y,
+                                 params, _cpus(4), **_BUILDS[build])
+    # A shadow per trainable variable (4: two kernels, two biases), beside
+    # the variables, the global step and the optimizer's slots.
+    self.assertLen([name for name in one
+                    if name.endswith('/ExponentialMovingAverage')], 4)
+    self.assertEqual(sorted(one), sorted(replicated))
+    for name in one:
+      self.assertAllClose(one[name], replicated[name], rtol=1e-5, atol=1e-6,
+                          msg=name)
+    # The shadows lag the weights (else the comparison above shows nothing).
+    self.assertNotAllClose(one['h/kernel'],
+                           one['h/kernel/ExponentialMovingAverage'])
+    self.assertEqual(replicated['global_step'], 3)
+
+
 def _input_fn():
   x, y = _rows(16)
 
