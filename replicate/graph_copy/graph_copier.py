@@ -300,6 +300,9 @@ class GraphCopier(object):
           node.attr['frame_name'].s = prefix.encode() + node.attr[
               'frame_name'].s
         node_defs.rename_colocation(node, prefix, todo_names)
+        node_defs.rename_in_messages(node, op, lambda name: (
+            prefix + name if name.rsplit(':', 1)[0] in todo_names else
+            getattr(copies.get(name), 'name', name)))
         if node_defs.calls_functions(node):
           # The device as the tower's ops ask for it (a canonical one would
           # name the job `localhost`, which a cluster's session lacks).

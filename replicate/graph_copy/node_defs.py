@@ -1,4 +1,5 @@
 """Edits of an op's `NodeDef` as it becomes a copy on another device."""
+import re
 
 _SEED2_STRIDE = 1000003  # a prime: seed2 + i * stride differs per copy
 
@@ -29,6 +30,32 @@ def rename_colocation(node, prefix, copied):
     groups.extend(kept)
   else:
     del node.attr['_class']
+
+
+# A tensor's name in an assertion's message: `'x (dense/BiasAdd:0) = '`.
+_NAMED_TENSOR = re.compile(rb'\(([^()\s]+:\d+)\)')
+_DT_STRING = 7  # types_pb2.DT_STRING
+
+
+def rename_in_messages(node, op, tower_name):
+  """Names the copy's own tensors in the message of an assertion.
+
+  `tf.debugging.assert_*` writes the name of each tensor it shows into a
+  string constant that only `Assert` ops read; a call of `model_fn` per
+  device names that device's tensor. `tower_name` maps a name of tower 0's
+  to the copy's. (The constants of an assertion inside a TF 2 `cond`
+  branch are in the branch's function and keep tower 0's names.)
+  """
+  if node.op != 'Const' or node.attr['dtype'].type != _DT_STRING:
+    return
+  readers = op.outputs[0].consumers()
+  if not readers or any(reader.type != 'Assert' for reader in readers):
+    return
+  values = node.attr['value'].tensor.string_val
+  for index, text in enumerate(values):
+    values[index] = _NAMED_TENSOR.sub(
+        lambda m: b'(' + tower_name(m.group(1).decode()).encode() + b')',
+        text)
 
 
 def reseeds(graph):
