@@ -33,13 +33,23 @@ def compute_gradients(replication, optimizer, loss, var_list, kwargs):
   """One tower's `(gradient, variable)` pairs (N > 1 towers).
 
   Raises:
-    InvalidArgumentError: for a callable `loss`, or a `gate_gradients` that
-      is not `GATE_NONE`, `GATE_OP` or `GATE_GRAPH`.
+    InvalidArgumentError: for a callable `loss`, a loss that is not a
+      floating-point tensor (TF's optimizer's message: scaling an integer
+      loss would hide it), or a `gate_gradients` that is not `GATE_NONE`,
+      `GATE_OP` or `GATE_GRAPH`.
   """
   if callable(loss):
     raise errors.InvalidArgumentError(
         'TowerOptimizer.compute_gradients needs the loss tensor in graph '
         'mode, got the callable {!r}; pass the tensor instead.'.format(loss))
+  dtype = getattr(loss, 'dtype', None)
+  if dtype is not None and not (dtype.base_dtype.is_floating or
+                                dtype.base_dtype.is_complex):
+    raise errors.InvalidArgumentError(
+        'Invalid type {!r} for {}, expected: {}. A loss to differentiate is '
+        'a floating-point tensor; cast it, e.g. tf.cast(loss, tf.float32).'
+        .format(dtype.base_dtype, loss.name, [
+            tf.float32, tf.float64, tf.float16, tf.bfloat16]))
   gradient_gating.check_gate_gradients(kwargs)
   replication.towers_computing.add(replication.tower.tower_id)
   if replication.tower.tower_id == tower_collections.UPDATE_TOWER_ID:

@@ -189,6 +189,25 @@ class ModelFnErrorsTest(tf.test.TestCase, parameterized.TestCase):
             r'has \(known at run time\).*unsplit_features'):
           sess.run(spec.train_op, {x: np.zeros([6, 3]), y: np.zeros([5, 3])})
 
+  @parameterized.parameters(1, 4)
+  def test_integer_loss(self, num_towers):
+    # TF's optimizer refuses a loss that is not floating point. Scaled per
+    # tower, the integer loss became a float64 one without gradients, and
+    # the error said "No gradients provided for any variable" instead.
+    def model_fn(features, labels, mode):
+      del labels
+      logits = tf1.layers.dense(features['x'], 1, name='dense')
+      loss = tf.reduce_sum(tf.cast(logits > 0, tf.int32), name='positives')
+      train_op = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1)).minimize(
+              loss, tf1.train.get_global_step())
+      return _spec(mode, loss, train_op)
+
+    with self.assertRaisesRegex(
+        ValueError, r'Invalid type tf.int32 for positives:0, expected: '
+        r'\[tf.float32, tf.float64, tf.float16, tf.bfloat16\]'):
+      _train_estimator(model_fn, mt.cpus(num_towers))
+
   def test_missing_tower_optimizer(self):
     def model_fn(features, labels, mode):
       del labels
