@@ -35,6 +35,7 @@ from replicate.towers import device_setter
 from replicate.towers import replicated_variables
 from replicate.towers import serving
 from replicate.towers import tower_build as tower_build_lib
+from replicate.towers import tower_context
 from replicate.towers.device_setter import VariablePlacement
 from replicate.towers.tower_cloning import TowerBuild
 
@@ -202,6 +203,11 @@ def replicate_model_fn(model_fn,
     if building_saved_model():
       return serving.build_for_export(model_fn, features, labels, mode,
                                       params, config, loss_reduction)
+    if tower_context.current_replication() is not None:
+      raise errors.InvalidArgumentError(
+          'A model_fn wrapped by replicate_model_fn was called inside a tower '
+          'of another replicate_model_fn: each tower would split its shard '
+          'again. Wrap the model_fn once, with all the devices.')
     build_tuning = tuning_lib.resolve(tuning)
     tower_devices = devices or _default_devices()
     placement = cluster_placement.placement(config, mode, tower_devices,

@@ -208,6 +208,15 @@ class ModelFnErrorsTest(tf.test.TestCase, parameterized.TestCase):
         r'\[tf.float32, tf.float64, tf.float16, tf.bfloat16\]'):
       _train_estimator(model_fn, mt.cpus(num_towers))
 
+  def test_replicated_twice(self):
+    # The outer towers each called a replicated model_fn, which split again
+    # and then blamed a missing TowerOptimizer (contrib too).
+    inner = replicate.replicate_model_fn(_linear_model_fn, devices=mt.cpus(2))
+    with self.assertRaisesRegex(
+        ValueError, 'called inside a tower of another replicate_model_fn.*'
+        'Wrap the model_fn once'):
+      _train_estimator(inner, mt.cpus(4))
+
   def test_missing_tower_optimizer(self):
     def model_fn(features, labels, mode):
       del labels
