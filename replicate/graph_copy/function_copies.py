@@ -6,8 +6,9 @@ scope. A copy of the op that called the same functions would run the loop
 or branch of every tower on tower 0's device. A call of `model_fn` on tower
 `i` would have traced them under tower `i`'s device scope, so each copy gets
 its own copy of such a function (and of the functions it calls), in which a
-node that asked for exactly tower 0's device asks for the copy's device.
-Other devices named in a body (a user's `tf.device('/cpu:0')`) are kept,
+node that asked for exactly tower 0's device asks for the copy's device,
+and an assertion's message names the copy's tensors (a `cond` branch holds
+the message of a `tf.debugging.assert_*`). Other devices named in a body (a user's `tf.device('/cpu:0')`) are kept,
 and a function that names tower 0's device nowhere is shared.
 
 May import: `replicate.core`, `replicate._compat`, `graph_copy.node_defs`.
@@ -27,7 +28,7 @@ class FunctionCopies(object):
     self._names_first = {}  # function name -> names tower 0's device
     self._made = {}  # (function name, device) -> the copy's name
 
-  def retarget(self, node, device, suffix, library):
+  def retarget(self, node, device, suffix, library, tower_name=None):
     """Points the function attributes of a copied `NodeDef` at `device`'s.
 
     Args:
@@ -36,11 +37,15 @@ class FunctionCopies(object):
       suffix: appended to the names of the functions copied for it.
       library: the `FunctionDefLibrary` (of the `GraphDef` being imported)
         that new functions are added to.
+      tower_name: maps tower 0's tensor names to the copy's, for the
+        assertion messages of the functions copied
+        (`node_defs.rename_in_function_messages`); None keeps them.
     """
     for ref in node_defs.function_refs(node):
-      ref.name = self._function_for(ref.name, device, suffix, library)
+      ref.name = self._function_for(ref.name, device, suffix, library,
+                                    tower_name)
 
-  def _function_for(self, name, device, suffix, library):
+  def _function_for(self, name, device, suffix, library, tower_name):
     if not self._names_first_device(name, set()):
       return name
     key = (name, device)
@@ -59,7 +64,9 @@ class FunctionCopies(object):
       if body_node.device and device_util.canonicalize(
           body_node.device) == self._first:
         body_node.device = device
-      self.retarget(body_node, device, suffix, library)
+      self.retarget(body_node, device, suffix, library, tower_name)
+    if tower_name is not None:
+      node_defs.rename_in_function_messages(definition, tower_name)
     library.function.add().CopyFrom(definition)
     return made
 

@@ -269,6 +269,7 @@ class GraphCopier(object):
     for tower_id in range(1, len(self._devices)):
       prefix = self._prefixes[tower_id]
       copies = self._copies[tower_id]
+      tower_name = node_defs.tower_names(prefix, copies, todo_names)
       for op, node_def in zip(ops, originals):
         node = graph_def.node.add()
         node.CopyFrom(node_def)
@@ -300,14 +301,13 @@ class GraphCopier(object):
           node.attr['frame_name'].s = prefix.encode() + node.attr[
               'frame_name'].s
         node_defs.rename_colocation(node, prefix, todo_names)
-        node_defs.rename_in_messages(node, op, lambda name: (
-            prefix + name if name.rsplit(':', 1)[0] in todo_names else
-            getattr(copies.get(name), 'name', name)))
+        node_defs.rename_in_messages(node, op, tower_name)
         if node_defs.calls_functions(node):
           # The device as the tower's ops ask for it (a canonical one would
           # name the job `localhost`, which a cluster's session lacks).
           self._functions.retarget(node, self._devices[tower_id],
-                                   '_' + prefix.rstrip('/'), graph_def.library)
+                                   '_' + prefix.rstrip('/'), graph_def.library,
+                                   tower_name)
         returned.append(node.name)
       for name, value in external.items():
         if name.startswith('^'):

@@ -37,20 +37,52 @@ _NAMED_TENSOR = re.compile(rb'\(([^()\s]+:\d+)\)')
 _DT_STRING = 7  # types_pb2.DT_STRING
 
 
+def tower_names(prefix, copies, copied):
+  """`name -> name` of a copy's tensor for tower 0's tensor `name`.
+
+  Args:
+    prefix: the copy's name scope (`'tower_1/'`).
+    copies: tower 0's tensor names -> the copy's tensors made so far.
+    copied: names of tower 0's ops copied with this prefix now.
+  """
+  def tower_name(name):
+    if name.rsplit(':', 1)[0] in copied:
+      return prefix + name
+    copy = copies.get(name)
+    return name if copy is None else copy.name
+  return tower_name
+
+
 def rename_in_messages(node, op, tower_name):
   """Names the copy's own tensors in the message of an assertion.
 
   `tf.debugging.assert_*` writes the name of each tensor it shows into a
   string constant that only `Assert` ops read; a call of `model_fn` per
   device names that device's tensor. `tower_name` maps a name of tower 0's
-  to the copy's. (The constants of an assertion inside a TF 2 `cond`
-  branch are in the branch's function and keep tower 0's names.)
+  to the copy's.
   """
-  if node.op != 'Const' or node.attr['dtype'].type != _DT_STRING:
-    return
-  readers = op.outputs[0].consumers()
-  if not readers or any(reader.type != 'Assert' for reader in readers):
-    return
+  if _is_message(node) and all(
+      reader.type == 'Assert' for reader in op.outputs[0].consumers()):
+    _rename_values(node, tower_name)
+
+
+def rename_in_function_messages(definition, tower_name):
+  """`rename_in_messages` for the body of a copy's own function (a TF 2
+  `cond` branch holds its assertion's message), in place."""
+  readers = {}
+  for node in definition.node_def:
+    for name in node.input:
+      readers.setdefault(name.lstrip('^').split(':')[0], set()).add(node.op)
+  for node in definition.node_def:
+    if _is_message(node) and readers.get(node.name) == {'Assert'}:
+      _rename_values(node, tower_name)
+
+
+def _is_message(node):
+  return node.op == 'Const' and node.attr['dtype'].type == _DT_STRING
+
+
+def _rename_values(node, tower_name):
   values = node.attr['value'].tensor.string_val
   for index, text in enumerate(values):
     values[index] = _NAMED_TENSOR.sub(

@@ -82,13 +82,9 @@ class CopiedAssertionMessageTest(tf.test.TestCase, parameterized.TestCase):
     copied = _failure('float32', replicate.TowerBuild.CLONE)
     self.assertLen(per_tower, 1)
     self.assertRegex(per_tower[0], r':3$')  # tower 3's shard of the batch
-    if tf1.control_flow_v2_enabled():
-      # A float assertion is a cond, whose branch (a TF 2 function) holds
-      # the message: the copies share it and name tower 0's shard
-      # (documented in docs/replicate_model_fn.md).
-      self.assertEqual([per_tower[0][:-1] + '0'], copied)
-    else:
-      self.assertEqual(per_tower, copied)
+    # A float assertion is a cond; under v2 control flow its branch, a
+    # function, holds the message, and each copy calls its own copy of it.
+    self.assertEqual(per_tower, copied)
 
 
 if __name__ == '__main__':
