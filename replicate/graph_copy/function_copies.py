@@ -60,6 +60,8 @@ class FunctionCopies(object):
     definition = type(_compat.graph_function_def(self._graph, name))()
     definition.CopyFrom(_compat.graph_function_def(self._graph, name))
     definition.signature.name = made
+    if tower_name is not None:
+      tower_name = node_defs.outside_names(definition, tower_name)
     for body_node in definition.node_def:
       if body_node.device and device_util.canonicalize(
           body_node.device) == self._first:

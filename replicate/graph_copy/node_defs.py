@@ -68,7 +68,8 @@ def rename_in_messages(node, op, tower_name):
 
 def rename_in_function_messages(definition, tower_name):
   """`rename_in_messages` for the body of a copy's own function (a TF 2
-  `cond` branch holds its assertion's message), in place."""
+  `cond` branch holds its assertion's message), in place; `tower_name`
+  from `outside_names`."""
   readers = {}
   for node in definition.node_def:
     for name in node.input:
@@ -76,6 +77,15 @@ def rename_in_function_messages(definition, tower_name):
   for node in definition.node_def:
     if _is_message(node) and readers.get(node.name) == {'Assert'}:
       _rename_values(node, tower_name)
+
+
+def outside_names(definition, tower_name):
+  """`tower_name` for the messages in a function body and the functions it
+  calls: a name of the body's own nodes is the same in every call's body
+  (a `tf.function`'s assertion on its own tensor), and is kept."""
+  own = set(node.name for node in definition.node_def)
+  return lambda name: (
+      name if name.rsplit(':', 1)[0] in own else tower_name(name))
 
 
 def _is_message(node):

@@ -19,9 +19,22 @@ from replicate._compat import tf1
 _ROWS = 8
 
 
+@tf.function
+def _checked_in_a_function(x):
+  """Checks 2x < 3 inside a function: the message names its own `doubled`."""
+  doubled = tf.multiply(x, 2., name='doubled')
+  tf1.debugging.assert_less(doubled, 3., message='x too large')
+  return x
+
+
 def _model_fn(features, labels, mode, params):
-  """Checks `features['id'] * 2 < 14` (int32) or the float feature >= 0."""
-  if params['dtype'] == 'int32':
+  """Checks `features['id'] * 2 < 14` (int32), the float feature >= 0, or
+  (in a `tf.function`) the float feature * 2 < 3."""
+  if params['dtype'] == 'function':
+    # An op of the tower with the name the function's op has in its body.
+    outer = tf.multiply(features['x'], 1., name='doubled')
+    check = tf.identity(_checked_in_a_function(outer)).op
+  elif params['dtype'] == 'int32':
     doubled = features['id'] * 2
     check = tf1.debugging.assert_less(doubled, 14, message='id too large')
   else:
@@ -40,10 +53,11 @@ def _model_fn(features, labels, mode, params):
 
 def _failure(dtype, tower_build):
   """The names in the message of the assertion that fails on tower 3."""
-  # Row 7 alone fails: id 7 (7 * 2 = 14 is not < 14), x[7] < 0. With 8 rows
-  # on 4 towers, row 7 is tower 3's second row.
+  # Row 7 alone fails: id 7 (7 * 2 = 14 is not < 14), x[7] < 0, and
+  # 2 * x[7, 0] = 2 * 1.6 >= 3 (row 6: 2 * 1.3 < 3). With 8 rows on 4
+  # towers, row 7 is tower 3's second row.
   x = np.arange(_ROWS * 2, dtype=np.float32).reshape(_ROWS, 2) / 10.
-  x[7, 1] = -1.
+  x[7] = [1.6, -1.]
   with tf.Graph().as_default():
     tf1.train.get_or_create_global_step()
     # Not constants, as from an input pipeline: TF 2 checks a constant's
@@ -84,6 +98,14 @@ class CopiedAssertionMessageTest(tf.test.TestCase, parameterized.TestCase):
     self.assertRegex(per_tower[0], r':3$')  # tower 3's shard of the batch
     # A float assertion is a cond; under v2 control flow its branch, a
     # function, holds the message, and each copy calls its own copy of it.
+    self.assertEqual(per_tower, copied)
+
+  def test_function_assertion_keeps_its_own_names(self):
+    # A function's body names its own tensors, the same in every call; a
+    # tower op of the same name must not make the copy rename them.
+    per_tower = _failure('function', replicate.TowerBuild.CALL_PER_TOWER)
+    copied = _failure('function', replicate.TowerBuild.CLONE)
+    self.assertEqual(['assert_less/y:0', 'doubled:0'], per_tower)
     self.assertEqual(per_tower, copied)
 
 
