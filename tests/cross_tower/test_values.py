@@ -1,4 +1,6 @@
 """Tests for device_util, values and reduce_util."""
+import collections
+
 from absl.testing import parameterized
 import tensorflow as tf
 
@@ -244,6 +246,27 @@ class ValuesTest(tf.test.TestCase):
     self.assertIsInstance(on_read, replicate.values.SyncOnReadVariable)
     self.assertIs(replicate.values.ReplicaLocalVariable,
                   replicate.values.SyncOnReadVariable)
+
+  def test_regroup_keeps_each_containers_type(self):
+    # A list stays a list, an OrderedDict keeps its type and order, and a
+    # namedtuple from one device matches a tuple of the same length from
+    # another (TF's regroup), rebuilt as the first device's type.
+    merged = values.regroup({'/cpu:0': [1, 'same'], '/cpu:1': [2, 'same']})
+    self.assertIsInstance(merged, list)
+    self.assertEqual((1, 2), merged[0].values)
+    self.assertEqual('same', merged[1])
+    merged = values.regroup(
+        {'/cpu:0': collections.OrderedDict([('z', 1), ('a', 'same')]),
+         '/cpu:1': collections.OrderedDict([('z', 2), ('a', 'same')])})
+    self.assertIsInstance(merged, collections.OrderedDict)
+    self.assertEqual(['z', 'a'], list(merged))
+    self.assertEqual((1, 2), merged['z'].values)
+    point = collections.namedtuple('Point', ['a', 'b'])
+    merged = values.regroup({'/cpu:0': point(1, 'same'),
+                             '/cpu:1': (2, 'same')})
+    self.assertIsInstance(merged, point)
+    self.assertEqual((1, 2), merged.a.values)
+    self.assertEqual('same', merged.b)
 
   def test_regroup_rebuilds_namedtuples_without_their_checks(self):
     # An EstimatorSpec's constructor refuses a PerDevice train_op; contrib

@@ -7,6 +7,7 @@ with Momentum, Adam, RMSProp (whose `rms` starts at 1) and Adagrad (whose
 accumulator starts at its initial value), checkpoints must hold one
 device's names, and every copy of every slot must stay equal.
 """
+import copy as copy_lib
 from unittest import mock
 
 from absl.testing import parameterized
@@ -151,6 +152,21 @@ class CopiesTest(tf.test.TestCase):
         sess.run(tf1.global_variables_initializer())
         for copy in copies:
           self.assertAllEqual(_INITIAL[0], sess.run(copy))
+
+  def test_mirrored_variable_reads_its_state_outside_replicas(self):
+    # Cross-replica code reads the copies' constraint; a shallow copy and a
+    # missing dunder are the MirroredVariable's own business, not a copy's.
+    def clip(x):
+      return tf.clip_by_value(x, -1.0, 1.0)
+
+    with tf.Graph().as_default():
+      strategy = replicate.MirroredStrategy(DEVICES)
+      with strategy.scope():
+        v = tf1.get_variable('v', initializer=_INITIAL[0], constraint=clip)
+        self.assertIs(clip, v.constraint)
+      self.assertIs(clip, v.constraint)
+      self.assertEqual(v.values, copy_lib.copy(v).values)
+      self.assertFalse(hasattr(v, '__not_a_variable_attribute__'))
 
 
 if __name__ == '__main__':

@@ -60,10 +60,17 @@ class TrainingEquivalenceTest(tf.test.TestCase, parameterized.TestCase):
         mt.cpus(2), steps=1)
     self.assertAllClose(0.25, values['w'])
 
-  def test_regularization_counts_once(self):
+  @parameterized.named_parameters(
+      ('copies', replicate.TowerBuild.CLONE),
+      ('calls', replicate.TowerBuild.CALL_PER_TOWER))
+  def test_regularization_counts_once(self, tower_build):
     # loss = data loss + tf.losses.get_regularization_loss(). The L2 term is
     # created once (with the shared variables, in tower 0); each tower must
-    # see it so that averaging over towers keeps it exactly once.
+    # see it so that averaging over towers keeps it exactly once. (Copies
+    # copy tower 0's loss; calls read the collection, which must show tower
+    # 0's term to towers 1..N-1: else MEAN counts it 1/N times.)
+    replicate_fn = functools.partial(replicate.replicate_model_fn,
+                                     tower_build=tower_build)
     features, labels = mt.data(batch_size=8)
     for reduction in (REDUCTION.MEAN, REDUCTION.SUM):
       params = {
@@ -76,7 +83,7 @@ class TrainingEquivalenceTest(tf.test.TestCase, parameterized.TestCase):
                                     params=params)
       actual = mt.train_variables(mt.mlp_model_fn, features, labels,
                                   mt.cpus(4), loss_reduction=reduction,
-                                  params=params)
+                                  params=params, replicate_fn=replicate_fn)
       for name in expected:
         self.assertAllClose(expected[name], actual[name], rtol=1e-5,
                             atol=1e-6, msg='{} {}'.format(reduction, name))

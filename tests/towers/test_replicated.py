@@ -19,9 +19,29 @@ from replicate import errors
 from replicate._compat import tf1
 
 _NUM_CPUS = 4
+
+
+class _LazyMomentum(tf1.train.MomentumOptimizer):
+  """Momentum that makes its slot when it applies, not in `_create_slots`:
+  the copies' slots are then the optimizer's own, made in each tower's
+  update, and must still be local (never saved) and initialized."""
+
+  def _create_slots(self, var_list):
+    pass
+
+  def _apply_dense(self, grad, var):
+    self._zeros_slot(var, 'momentum', self._name)
+    return super(_LazyMomentum, self)._apply_dense(grad, var)
+
+  def _resource_apply_dense(self, grad, var):
+    self._zeros_slot(var, 'momentum', self._name)
+    return super(_LazyMomentum, self)._resource_apply_dense(grad, var)
+
+
 _OPTIMIZERS = {
     'sgd': lambda: tf1.train.GradientDescentOptimizer(0.5),
     'momentum': lambda: tf1.train.MomentumOptimizer(0.3, 0.9),
+    'lazy_momentum': lambda: _LazyMomentum(0.3, 0.9),
     'adam': lambda: tf1.train.AdamOptimizer(0.05),
 }
 _ONE = dict(devices=['/cpu:0'])
@@ -140,7 +160,7 @@ class ReplicatedTest(tf.test.TestCase, parameterized.TestCase):
         input_fn or _input_fn(), steps=steps, hooks=hooks)
     return model_dir
 
-  @parameterized.parameters('sgd', 'momentum', 'adam')
+  @parameterized.parameters('sgd', 'momentum', 'lazy_momentum', 'adam')
   def test_trains_as_one_device(self, optimizer):
     params = {'optimizer': optimizer}
     one = _checkpoint(self._train(4, params, **_ONE))
@@ -342,7 +362,7 @@ class ReplicatedTest(tf.test.TestCase, parameterized.TestCase):
                           msg=name)
 
 
-class ReplicatedGraphTest(tf.test.TestCase):
+class ReplicatedGraphTest(tf.test.TestCase, parameterized.TestCase):
   """What a REPLICATED graph holds, built by hand (no hardware needed)."""
 
   def _build(self, mode, devices, **kwargs):
@@ -354,6 +374,23 @@ class ReplicatedGraphTest(tf.test.TestCase):
         _model_fn, devices=devices,
         variable_placement=replicate.VariablePlacement.REPLICATED, **kwargs)(
             features, labels, mode, {}, None)
+
+  @parameterized.parameters('momentum', 'lazy_momentum')
+  def test_slot_copies_are_local_variables(self, optimizer):
+    # Copies (and their slots, however the optimizer makes them) are local:
+    # initialized by local_variables_initializer, never saved.
+    x, y = _rows(8)
+    with tf.Graph().as_default():
+      tf1.train.get_or_create_global_step()
+      replicate.replicate_model_fn(_model_fn, **_REPLICATED)(
+          {'x': tf.constant(x)}, tf.constant(y), tf1.estimator.ModeKeys.TRAIN,
+          {'optimizer': optimizer}, None)
+      local = [v.op.name for v in tf1.local_variables()]
+      saved = [v.op.name for v in tf1.global_variables()]
+    # 4 kernels and 4 biases: a Momentum slot each, on towers 1..3.
+    self.assertLen([n for n in local if n.endswith('/Momentum')], 8 * 3)
+    self.assertLen([n for n in saved if n.endswith('/Momentum')], 8)
+    self.assertFalse([n for n in saved if n.startswith('tower_')])
 
   def test_gpu_towers_all_reduce_with_nccl_on_their_copies(self):
     devices = ['/gpu:0', '/gpu:1']

@@ -375,6 +375,12 @@ class UnevenBatchGraphTest(tf.test.TestCase):
             message.format('the size below', 'the rows after it')):
           self._predict_odd(x, lambda p: tf.constant([1, 2, 3, 4, 5]),
                             {x: _X[:rows]})
+    with tf.Graph().as_default():  # a scalar: no rows at all
+      with self.assertRaisesRegex(
+          errors.InvalidArgumentError,
+          r"Predictions\['odd'\] is a scalar in each tower.*one row per "
+          r'example'):
+        self._predict_odd(_X[:8], tf.reduce_mean)
 
   def test_predictions_with_the_rows_pass(self):
     with tf.Graph().as_default():
