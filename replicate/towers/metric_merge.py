@@ -57,6 +57,8 @@ _ADDITIVE_WRITES = frozenset([
     'ResourceScatterNdSub'])
 # Ops reducing their first input: from a scalar, one term per call.
 _REDUCTIONS = frozenset(['Sum', 'Mean', 'Prod', 'Max', 'Min', 'Size'])
+# Ops whose outputs describe a tensor's shape, not the batch's values.
+_SHAPE_OPS = frozenset(['Shape', 'ShapeN', 'Size', 'Rank'])
 def check_summable(metrics, tower_metric_variables):
   """Raises unless summing the towers' metric variables is exact.
 
@@ -139,27 +141,48 @@ def _amount_inputs(write):
 
 
 def per_batch_metrics(metrics, metric_variables, inputs):
-  """`{key: scalar}`: tower 0's metrics that add one term per call.
+  """`{key: value}`: tower 0's metrics that add one term per call.
 
   A write of such a metric adds an amount reduced (`Sum`, `Size`, ...) from
-  a scalar computed from the batch, e.g. `tf.metrics.mean(loss)`: its total
+  a value of the batch as a whole, e.g. `tf.metrics.mean(loss)`: its total
   gains the tower's loss and its count 1, where a per-row metric
   (`tf.metrics.mean(per_example_loss)`) reduces a tensor of the tower's rows.
+  Such a value is a scalar, or a tensor without the tower's rows in its
+  shape (`tf.reshape(loss, [1])`, `tf.reduce_mean(logits, 0)`, the `[1, 1]`
+  that `auc` makes of scalars). Only asked where rows are counted at run
+  time, where the shards' shapes hide them (batch_split.py): a fully static
+  shape holds no rows.
+
+  A metric that adds a constant to one variable (a count of 1, or of ones
+  the shape of a static value: `tf.metrics.mean_tensor`) while its other
+  writes read the batch adds one term per call too.
   """
   cone = op_kinds.backward_cone(
       [_op(update) for _, update in metrics.values()])
   input_ops = set(t.op for t in inputs)
+  batch_ops = _reads_of(input_ops, cone) | input_ops
+  reads_batch = lambda tensor: tensor.op in batch_ops
   found = {}
+  constant_writes = {}  # metric key -> a write that reads no batch
+  batch_writes = set()  # metric keys with a write that reads the batch
   for variable in metric_variables:
     for write in op_kinds.variable_writes(variable.op, cone):
-      scalar = _reduced_scalar(write)
-      if scalar is not None and input_ops & op_kinds.backward_cone([scalar.op]):
-        found.setdefault(_metric_key([metrics], write), scalar)
+      key = _metric_key([metrics], write)
+      value = _reduced_per_batch(write)
+      if value is not None and reads_batch(value):
+        found.setdefault(key, value)
+      if any(reads_batch(t) for t in _amount_inputs(write)):
+        batch_writes.add(key)
+      else:
+        constant_writes.setdefault(key, write.inputs[1])
+  for key in batch_writes:
+    if key in constant_writes:
+      found.setdefault(key, constant_writes[key])
   return found
 
 
-def _reduced_scalar(write):
-  """The first scalar that a write's amount is reduced from, if any."""
+def _reduced_per_batch(write):
+  """The first per-batch value that a write's amount is reduced from."""
   pending = list(_amount_inputs(write))
   seen = set()
   while pending:
@@ -168,11 +191,18 @@ def _reduced_scalar(write):
       continue
     seen.add(op)
     if op.type in _REDUCTIONS:
-      if op.inputs[0].shape.ndims == 0:
+      if _is_per_batch(op.inputs[0]):
         return op.inputs[0]
       continue  # a reduction of rows, or of a tensor of unknown rank
     pending.extend(t for t in op.inputs if not op_kinds.is_variable(t))
   return None
+
+
+def _is_per_batch(tensor):
+  """Whether a reduced tensor has a static shape (so no rows), and is not a
+  shape itself."""
+  return (tensor.shape.is_fully_defined() and
+          tensor.op.type not in _SHAPE_OPS)
 
 
 def even_rows_checks(per_batch, tower_rows, device):
@@ -190,8 +220,8 @@ def even_rows_checks(per_batch, tower_rows, device):
         tower_rows[0], tower_rows[-1],
         data=['Rows per tower:'] + list(tower_rows),
         message=(
-            'Metrics {} take a per-batch value (a scalar of the batch, such '
-            'as its loss), so each of the {} towers adds one term for its '
+            'Metrics {} take a per-batch value (a value of the batch as a '
+            'whole, such as its loss), so each of the {} towers adds one term for its '
             'shard: one device\'s value only when the shards are equal, and '
             'this batch does not divide by {}. Make every evaluation batch a '
             'multiple of {} rows (e.g. batch(..., drop_remainder=True)), or '

@@ -471,6 +471,16 @@ def _per_batch_model_fn(features, labels, mode):
       'mean_loss': tf1.metrics.mean(loss),
       'weighted_mean_loss': tf1.metrics.mean(loss, weights=2.0),
       'mean_of_batch_mean': tf1.metrics.mean(tf.reduce_mean(prediction)),
+      # The same, not of rank 0: a [1], a per-batch vector ([3]), as a
+      # tensor, and the [1, 1] that auc makes of a per-batch score.
+      'mean_of_loss_vector': tf1.metrics.mean(tf.reshape(loss, [1])),
+      'mean_of_column_means': tf1.metrics.mean(
+          tf.reduce_mean(features['x'] * prediction, 0)),
+      'mean_tensor_of_column_means': tf1.metrics.mean_tensor(
+          tf.reduce_mean(features['x'] * prediction, 0)),
+      'auc_of_batch_means': tf1.metrics.auc(
+          tf.reduce_mean(labels) > 0.,
+          tf.sigmoid(tf.reduce_mean(prediction)), num_thresholds=20),
       # Sums over rows, or scalars that do not depend on the batch.
       'mean_per_row_loss': tf1.metrics.mean(per_row),
       'mean_prediction': tf1.metrics.mean(prediction),
@@ -478,12 +488,17 @@ def _per_batch_model_fn(features, labels, mode):
       'rmse': tf1.metrics.root_mean_squared_error(labels, prediction),
       'rate': tf1.metrics.mean(rate),
       'constant': tf1.metrics.mean(tf.constant(2.0)),
+      # Per row, with a state of static shape: a confusion matrix.
+      'iou': tf1.metrics.mean_iou(tf.cast(labels > 0, tf.int32),
+                                  tf.cast(prediction > 0, tf.int32), 2),
   }
   return tf1.estimator.EstimatorSpec(mode, loss=loss,
                                      eval_metric_ops=metrics)
 
 
-_PER_BATCH = ['mean_loss', 'mean_of_batch_mean', 'weighted_mean_loss']
+_PER_BATCH = ['auc_of_batch_means', 'mean_loss', 'mean_of_batch_mean',
+              'mean_of_column_means', 'mean_of_loss_vector',
+              'mean_tensor_of_column_means', 'weighted_mean_loss']
 
 
 class PerBatchMetricTest(tf.test.TestCase):
@@ -521,6 +536,10 @@ class PerBatchMetricTest(tf.test.TestCase):
     metrics = evaluate()
     self.assertCountEqual(expected, metrics)
     for key in expected:
+      if key == 'auc_of_batch_means':
+        # One point per tower, where one device has one per batch: not one
+        # device's value even on equal shards (documented).
+        continue
       self.assertAllClose(expected[key], metrics[key], rtol=1e-6, msg=key)
 
   def test_uneven_batch_fails_naming_the_metric(self):
@@ -529,10 +548,9 @@ class PerBatchMetricTest(tf.test.TestCase):
     _, evaluate = self._evaluate(6, 3, TOWERS)
     with self.assertRaisesRegex(
         tf.errors.InvalidArgumentError,
-        r'Metrics \[\W*mean_loss\W+mean_of_batch_mean\W+'
-        r'weighted_mean_loss\W+ take a per-batch value .* this batch does '
+        r'Metrics \[\W*{}\W+ take a per-batch value .* this batch does '
         r'not divide by 4\. Make every evaluation batch a multiple of 4 '
-        r'rows'):
+        r'rows'.format(r'\W+'.join(_PER_BATCH))):
       evaluate()
 
   def test_only_metrics_of_batch_scalars_are_checked(self):
