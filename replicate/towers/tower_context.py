@@ -79,11 +79,12 @@ class _OptimizerCall(object):
     grads_and_vars: the `(gradient, variable)` pairs the call was given.
     scopes: `(variable_scope, name_scope_string)` the call was made under;
       None for a call copied from tower 0's.
-    ready_op: in a tower that does not apply, an op waiting for the
-      gradients and for whatever the call was made under, else None.
+    ready_op: in a tower that does not apply, an op waiting for whatever
+      the call was made under (its open control dependencies), else None;
+      the step's update waits for tower 0's.
     returned_op: in a tower that does not apply, the op the call returned:
-      it waits for `ready_op` and, once the applying tower has built it,
-      for the update of the step.
+      it waits for the gradients, `ready_op` and, once the applying tower
+      has built it, the update of the step.
   """
 
   __slots__ = ('optimizer_name', 'grads_and_vars', 'scopes', 'ready_op',

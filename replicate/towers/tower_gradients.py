@@ -113,8 +113,14 @@ def apply_gradients(replication, optimizer, grads_and_vars, global_step,
   if replication.cloner is not None:
     tower_cloning.clone_optimizer_call(replication, call_index)
   if replication.tower.tower_id != replication.applying_tower_id:
+    # What the call is made under (the control dependencies open around it,
+    # e.g. tower 0's update ops), for the applying tower's update to wait
+    # for; not the gradients, which it reads anyway: everything that update
+    # builds would wait for the batch (SyncReplicasOptimizer's
+    # local_step_init_op, which its hook runs when the session starts).
+    under = tf.no_op(name='tower_optimizer_call')
     gradients = [g for g, _ in grads_and_vars if g is not None]
-    with tf1.control_dependencies(_tensors_of(gradients)):
+    with tf1.control_dependencies(_tensors_of(gradients) + [under]):
       ready = tf.no_op(name='tower_gradients_recorded')
     # What the tower gets back stands for the update of the step, which a
     # later tower builds: it is made to wait for that update then, so that
@@ -122,7 +128,7 @@ def apply_gradients(replication, optimizer, grads_and_vars, global_step,
     # counter, a second optimizer's step) runs after it, as on one device.
     with tf1.control_dependencies([ready]):
       returned = tf.no_op(name='tower_train_op')
-    replication.record_returned_op(call_index, ready, returned)
+    replication.record_returned_op(call_index, under, returned)
     return returned
   if replication.tower.tower_id == tower_collections.UPDATE_TOWER_ID:
     return _apply_sums(replication, optimizer, call_index, global_step, name,
@@ -137,7 +143,9 @@ def apply_gradients(replication, optimizer, grads_and_vars, global_step,
       [first_tower_ready]):
     train_op = _apply_sums(replication, optimizer, call_index, global_step,
                            name, settings)
-  update = train_op.op if isinstance(train_op, tf.Tensor) else train_op
+  # A Tensor, an Operation, or (an `assign` of a resource variable, as
+  # SyncReplicasOptimizer's last op) a variable that has the op.
+  update = getattr(train_op, 'op', train_op)
   for returned in replication.returned_ops(call_index):
     _compat.add_control_inputs(returned, [update])
   return train_op

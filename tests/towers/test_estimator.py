@@ -1,6 +1,7 @@
 """End to end through tf.estimator: checkpoints, datasets, SyncReplicas."""
 import time
 
+from absl.testing import parameterized
 import model_testing as mt
 import tensorflow as tf
 
@@ -63,7 +64,7 @@ class CheckpointTest(tf.test.TestCase):
                           atol=1e-6)
 
 
-class EstimatorTest(tf.test.TestCase):
+class EstimatorTest(tf.test.TestCase, parameterized.TestCase):
 
   def test_train_evaluate_predict(self):
     estimator = _estimator(self.get_temp_dir(), mt.cpus(4))
@@ -93,7 +94,13 @@ class EstimatorTest(tf.test.TestCase):
     estimator.train(_input_fn(batch_size=6, drop_remainder=False, count=1))
     self.assertEqual(3, estimator.get_variable_value('global_step'))
 
-  def test_sync_replicas_optimizer(self):
+  @parameterized.named_parameters(
+      ('copies', replicate.TowerBuild.CLONE),
+      # The update built by the last tower: nothing it builds may wait for
+      # the batch (the hook runs SyncReplicas' local_step_init_op when the
+      # session starts, before any batch).
+      ('calls', replicate.TowerBuild.CALL_PER_TOWER))
+  def test_sync_replicas_optimizer(self, tower_build):
     # SyncReplicasOptimizer with one replica aggregating one gradient set per
     # step applies what its wrapped optimizer would. The hook (from the
     # applying tower) checks that apply_gradients was called on its optimizer.
@@ -124,16 +131,19 @@ class EstimatorTest(tf.test.TestCase):
       with tf.Graph().as_default():
         tf1.set_random_seed(0)
         tf1.train.get_or_create_global_step()
-        spec = replicate.replicate_model_fn(model_fn, devices=mt.cpus(4))(
-            {'x': tf.constant(features['x'])}, tf.constant(labels), mt.TRAIN,
-            {'sync': sync})
+        # Fed, as a queue's batch would be taken: only when a step runs.
+        x = tf1.placeholder(tf.float32, features['x'].shape)
+        feed = {x: features['x']}
+        spec = replicate.replicate_model_fn(
+            model_fn, devices=mt.cpus(4), tower_build=tower_build)(
+                {'x': x}, tf.constant(labels), mt.TRAIN, {'sync': sync})
         kernel = [v for v in tf1.trainable_variables()
                   if v.op.name == 'dense/kernel'][0]
         with tf1.train.MonitoredTrainingSession(
             hooks=spec.training_hooks, stop_grace_period_secs=1,
             config=replicate.testing.virtual_cpu_config(4)) as sess:
           global_step = tf1.train.get_global_step()
-          sess.run(spec.train_op)
+          sess.run(spec.train_op, feed)
           _wait_for(lambda: sess.run(global_step) >= 1)
           results[sync] = sess.run(kernel)
           # SyncReplicas may drop a stale gradient set (unreplicated too), so
@@ -141,7 +151,7 @@ class EstimatorTest(tf.test.TestCase):
           for _ in range(20):
             if sess.run(global_step) >= 3:
               break
-            sess.run(spec.train_op)
+            sess.run(spec.train_op, feed)
           _wait_for(lambda: sess.run(global_step) >= 3)
     # One step of SGD, whether or not it went through SyncReplicas' queues.
     self.assertAllClose(results[False], results[True], rtol=1e-5)
