@@ -8,8 +8,9 @@ or branch of every tower on tower 0's device. A call of `model_fn` on tower
 its own copy of such a function (and of the functions it calls), in which a
 node that asked for exactly tower 0's device asks for the copy's device,
 and an assertion's message names the copy's tensors (a `cond` branch holds
-the message of a `tf.debugging.assert_*`). Other devices named in a body (a user's `tf.device('/cpu:0')`) are kept,
-and a function that names tower 0's device nowhere is shared.
+the message of a `tf.debugging.assert_*`). Other devices named in a body
+(a user's `tf.device('/cpu:0')`) are kept, and a function that names tower
+0's device nowhere is shared.
 
 May import: `replicate.core`, `replicate._compat`, `graph_copy.node_defs`.
 """

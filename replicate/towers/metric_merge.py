@@ -59,6 +59,8 @@ _ADDITIVE_WRITES = frozenset([
 _REDUCTIONS = frozenset(['Sum', 'Mean', 'Prod', 'Max', 'Min', 'Size'])
 # Ops whose outputs describe a tensor's shape, not the batch's values.
 _SHAPE_OPS = frozenset(['Shape', 'ShapeN', 'Size', 'Rank'])
+
+
 def check_summable(metrics, tower_metric_variables):
   """Raises unless summing the towers' metric variables is exact.
 
@@ -221,10 +223,11 @@ def even_rows_checks(per_batch, tower_rows, device):
         data=['Rows per tower:'] + list(tower_rows),
         message=(
             'Metrics {} take a per-batch value (a value of the batch as a '
-            'whole, such as its loss), so each of the {} towers adds one term for its '
-            'shard: one device\'s value only when the shards are equal, and '
-            'this batch does not divide by {}. Make every evaluation batch a '
-            'multiple of {} rows (e.g. batch(..., drop_remainder=True)), or '
+            'whole, such as its loss), so each of the {} towers adds one '
+            'term for its shard: one device\'s value only when the shards are '
+            'equal, and this batch does not divide by {}. Make every '
+            'evaluation batch a multiple of {} rows (e.g. batch(..., '
+            'drop_remainder=True)), or '
             'compute these metrics from per-row values (e.g. '
             'tf.compat.v1.metrics.mean of the per-example losses, from '
             'Reduction.NONE).'.format(sorted(per_batch), num_towers,
