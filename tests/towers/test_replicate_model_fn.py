@@ -261,6 +261,9 @@ class EvalAndPredictTest(tf.test.TestCase):
               'serving_default': tf1.estimator.export.ClassificationOutput(
                   scores=scores, classes=classes),
               'predict': tf1.estimator.export.PredictOutput({'s': scores}),
+              # Scores alone: no classes to copy.
+              'scores_only': tf1.estimator.export.ClassificationOutput(
+                  scores=scores),
           })
 
     with tf.Graph().as_default():
@@ -268,13 +271,16 @@ class EvalAndPredictTest(tf.test.TestCase):
           {'x': tf.constant([1., 2., 3., 4.])}, None, mt.PREDICT)
       classification = spec.export_outputs['serving_default']
       self.assertEqual([4, 2], classification.classes.shape.as_list())
+      self.assertIsNone(spec.export_outputs['scores_only'].classes)
       with tf1.Session(config=replicate.testing.virtual_cpu_config(2)) as sess:
-        scores, classes, predicted = sess.run([
+        scores, classes, predicted, scores_only = sess.run([
             classification.scores, classification.classes,
-            spec.export_outputs['predict'].outputs['s']
+            spec.export_outputs['predict'].outputs['s'],
+            spec.export_outputs['scores_only'].scores
         ])
     self.assertAllClose([[1, -1], [2, -2], [3, -3], [4, -4]], scores)
     self.assertAllClose(scores, predicted)
+    self.assertAllClose(scores, scores_only)
     self.assertAllEqual([[b'a', b'b']] * 4, classes)
 
   def test_scalar_classes_stacked_per_tower_as_contrib(self):
