@@ -5,7 +5,6 @@ API. When something is only reachable through a private module, or differs
 between TF 1.15 and TF 2.15, it is wrapped here, once, so that the other
 modules never probe versions themselves.
 """
-import functools
 import inspect
 
 import tensorflow as tf
@@ -32,30 +31,6 @@ def local_gpu_devices():
   """
   gpus = tf.config.experimental.list_physical_devices('GPU')
   return ['/device:GPU:{}'.format(i) for i in range(len(gpus))]
-
-
-def fn_args(fn):
-  """Returns the names of the arguments `fn` can be called with.
-
-  Understands plain functions, bound methods, `functools.partial` objects
-  (positional arguments already bound are dropped) and callable objects.
-
-  Args:
-    fn: a callable.
-
-  Returns:
-    A tuple of argument names.
-  """
-  if isinstance(fn, functools.partial):
-    args = fn_args(fn.func)
-    args = args[len(fn.args):]
-    return tuple(a for a in args if a not in (fn.keywords or {}))
-  if not inspect.isfunction(fn) and not inspect.ismethod(fn) and hasattr(
-      fn, '__call__'):
-    fn = fn.__call__
-  parameters = inspect.signature(fn).parameters
-  return tuple(name for name, p in parameters.items()
-               if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
 # --- cross_tower_ops ---

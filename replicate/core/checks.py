@@ -1,4 +1,6 @@
-"""Argument checks shared by every layer."""
+"""Argument checks shared by every layer, and the arguments a callable takes."""
+import functools
+import inspect
 import numbers
 
 from replicate import errors
@@ -23,3 +25,27 @@ def check_int(name, value, minimum):
   if value < minimum:
     raise errors.InvalidArgumentError(
         '{} must be an integer >= {}, got {}.'.format(name, minimum, value))
+
+
+def fn_args(fn):
+  """Returns the names of the arguments `fn` can be called with.
+
+  Understands plain functions, bound methods, `functools.partial` objects
+  (positional arguments already bound are dropped) and callable objects.
+
+  Args:
+    fn: a callable.
+
+  Returns:
+    A tuple of argument names.
+  """
+  if isinstance(fn, functools.partial):
+    args = fn_args(fn.func)
+    args = args[len(fn.args):]
+    return tuple(a for a in args if a not in (fn.keywords or {}))
+  if not inspect.isfunction(fn) and not inspect.ismethod(fn) and hasattr(
+      fn, '__call__'):
+    fn = fn.__call__
+  parameters = inspect.signature(fn).parameters
+  return tuple(name for name, p in parameters.items()
+               if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))

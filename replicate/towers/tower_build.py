@@ -12,9 +12,9 @@ import tensorflow as tf
 
 from replicate import errors
 from replicate._compat import EstimatorSpec
-from replicate._compat import fn_args
 from replicate._compat import ModeKeys
 from replicate._compat import tf1
+from replicate.core import checks
 from replicate.towers import batch_split
 from replicate.towers import device_setter
 from replicate.towers import output_copies
@@ -294,7 +294,7 @@ def call_model_fn(model_fn, features, labels, mode, params, config):
       where there are labels.
     InvalidTypeError: if it returns no `EstimatorSpec`.
   """
-  accepted = fn_args(model_fn)
+  accepted = checks.fn_args(model_fn)
   if 'features' not in accepted:
     raise errors.InvalidArgumentError(
         'model_fn must take a `features` argument; its arguments are {}.'
