@@ -290,8 +290,10 @@ def call_model_fn(model_fn, features, labels, mode, params, config):
   """Calls `model_fn` with the arguments its signature asks for.
 
   Raises:
-    InvalidArgumentError: if `model_fn` takes no `features`, or no `labels`
-      where there are labels.
+    InvalidArgumentError: if `model_fn` takes no `features`, no `labels`
+      where there are labels, or no `params` where the Estimator was given
+      some (the wrapper takes `params`, so the Estimator's own check of the
+      user's signature cannot see it).
     InvalidTypeError: if it returns no `EstimatorSpec`.
   """
   accepted = checks.fn_args(model_fn)
@@ -299,6 +301,11 @@ def call_model_fn(model_fn, features, labels, mode, params, config):
     raise errors.InvalidArgumentError(
         'model_fn must take a `features` argument; its arguments are {}.'
         .format(list(accepted)))
+  if params and 'params' not in accepted:
+    # The Estimator's words (it passes `{}` where it was given none).
+    raise errors.InvalidArgumentError(
+        'model_fn ({}) does not include params argument, but params ({}) is '
+        'passed to Estimator.'.format(model_fn, params))
   kwargs = {'features': features}
   if 'labels' in accepted:
     kwargs['labels'] = labels

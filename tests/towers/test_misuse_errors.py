@@ -554,6 +554,31 @@ class ModelFnErrorsTest(tf.test.TestCase, parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, 'model_fn takes no `labels`'):
       _build(model_fn, mt.cpus(2), labels=np.zeros([8], np.float32), mode=mt.EVAL)
 
+  def test_params_without_params_argument(self):
+    # The Estimator refuses params that its model_fn cannot take; it sees
+    # the wrapper's signature, which takes them, so the wrapper says so.
+    def model_fn(features, labels, mode):
+      return _linear_model_fn(features, labels, mode)
+
+    def input_fn():
+      return tf.data.Dataset.from_tensors(
+          ({'x': np.arange(24, dtype=np.float32).reshape(8, 3)},
+           np.zeros([8], np.float32)))
+
+    messages = []
+    for wrapped in (model_fn, replicate.replicate_model_fn(
+        model_fn, devices=mt.cpus(2))):
+      with self.assertRaisesRegex(ValueError, 'does not include params '
+                                  'argument, but params') as caught:
+        estimator = tf1.estimator.Estimator(
+            wrapped, model_dir=self.get_temp_dir(), params={'batch_size': 8},
+            config=tf1.estimator.RunConfig(session_config=tf1.ConfigProto(
+                device_count={'CPU': 2})))
+        estimator.train(input_fn, steps=1)
+      messages.append(str(caught.exception))
+    self.assertIn("params ({'batch_size': 8}) is passed to Estimator.",
+                  messages[1])
+
 
 if __name__ == '__main__':
   tf.test.main()
