@@ -184,11 +184,16 @@ def build(model_fn, features, labels, mode, params, config, placement,
     rows = split.rows
     if mode == ModeKeys.PREDICT and rows is None:
       rows = _static_rows(split)
-    spec = tower_specs.merge(mode, specs, metric_variables, aggregation_device,
-                             replication.applying_tower_id, rows,
-                             [t for t in tf.nest.flatten(
-                                 (feature_shards[0], label_shards[0]),
-                                 expand_composites=True) if t is not None])
+    flat_inputs = [tf.nest.flatten((features, labels), expand_composites=True)
+                   for features, labels in zip(feature_shards, label_shards)]
+    spec = tower_specs.merge(
+        mode, specs, metric_variables, aggregation_device,
+        replication.applying_tower_id, rows,
+        [t for t in flat_inputs[0] if t is not None],
+        # What the towers split (not `unsplit_features`): an output that
+        # reads none of it is one value per batch.
+        [t for t, other in zip(flat_inputs[0], flat_inputs[-1])
+         if t is not None and t is not other])
     if mode == ModeKeys.TRAIN:
       step_checks.check_only_tower_optimizers_update(replication,
                                                      spec.train_op)

@@ -1,4 +1,5 @@
 """Merging the towers' `EstimatorSpec`s into the spec of the replicated model."""
+import numpy as np
 import tensorflow as tf
 
 from replicate import errors
@@ -127,7 +128,8 @@ def eval_spec(tower_specs, tower_metric_variables, aggregation_device,
   return EstimatorSpec(**fields)
 
 
-def predict_spec(tower_specs, aggregation_device, tower_rows=None):
+def predict_spec(tower_specs, aggregation_device, tower_rows=None,
+                 split_inputs=()):
   """The PREDICT spec: predictions and export outputs concatenated by batch.
 
   Args:
@@ -135,24 +137,30 @@ def predict_spec(tower_specs, aggregation_device, tower_rows=None):
     aggregation_device: where the concatenations run.
     tower_rows: each tower's rows (ints, or int64 scalars counted at run
       time), to check every output against; None: not checked.
+    split_inputs: tower 0's tensors of the batch that the towers split (its
+      shard); an output that depends on none of them is refused. Empty: not
+      checked.
 
   Returns:
     An `EstimatorSpec`.
 
   Raises:
-    InvalidArgumentError: if towers return different predictions or outputs.
+    InvalidArgumentError: if towers return different predictions or outputs,
+      or a constant of unequal rows that does not depend on the tower's
+      rows: a value per batch (a vocabulary) that concatenation would
+      repeat once per tower, even where its size equals a tower's rows.
     InvalidTypeError: for an export output type that cannot be concatenated.
   """
   fields = tower_specs[0]._asdict()
+  rows = _Rows(tower_rows, split_inputs)
   with tf1.device(aggregation_device), tf1.name_scope('concat_predictions'):
     fields['predictions'] = _concat_nests(
-        [spec.predictions for spec in tower_specs], 'predictions', tower_rows)
+        [spec.predictions for spec in tower_specs], 'predictions', rows)
     outputs = [dict(spec.export_outputs or {}) for spec in tower_specs]
     _check_same_keys([sorted(o) for o in outputs], 'export_outputs')
     if tower_specs[0].export_outputs is not None:
       fields['export_outputs'] = {
-          key: _concat_export_output([o[key] for o in outputs], key,
-                                     tower_rows)
+          key: _concat_export_output([o[key] for o in outputs], key, rows)
           for key in outputs[0]
       }
   return EstimatorSpec(**fields)
@@ -197,6 +205,47 @@ def _concat_export_output(per_tower, key, rows):
           key, type(first).__name__))
 
 
+class _Rows(object):
+  """What the towers' outputs are checked against: each tower's rows
+  (`counts`, or None) and the ops that depend on tower 0's shard."""
+
+  def __init__(self, counts, split_inputs):
+    self.counts = counts
+    self._reached = None
+    if split_inputs:
+      self._reached = _forward_cone(t.op for t in split_inputs)
+
+  def read_by(self, tensor):
+    """Whether `tensor` depends on the tower's shard (True: unchecked)."""
+    return self._reached is None or tensor.op in self._reached
+
+
+def _forward_cone(ops):
+  """`ops` and every op that reads what they output (data edges)."""
+  pending = list(ops)
+  seen = set(pending)
+  while pending:
+    op = pending.pop()
+    for consumer in [c for t in op.outputs for c in t.consumers()]:
+      if consumer not in seen:
+        seen.add(consumer)
+        pending.append(consumer)
+  return seen
+
+
+def _constant_rows_differ(tensor):
+  """Whether `tensor` is a constant whose rows are not all equal.
+
+  A constant with equal rows, built from the batch's static size
+  (`tf.zeros(tf.shape(x)[:1])`, which TF folds into a constant), is one
+  device's when repeated; so are values drawn per row (a dropout mask of
+  `tf.ones_like(x)`, also folded), which each tower draws for its rows.
+  """
+  value = tf.get_static_value(tensor)
+  return value is not None and not all(
+      np.array_equal(row, value[0]) for row in value[1:])
+
+
 def _concat(tensors, what, rows, expected_shape='[batch, ...]'):
   """Concatenates the towers' `tensors` along the batch dimension.
 
@@ -206,23 +255,35 @@ def _concat(tensors, what, rows, expected_shape='[batch, ...]'):
   Args:
     tensors: one tensor per tower.
     what: its name, for messages.
-    rows: None (not checked), or each tower's rows (ints, or int64 scalars
-      where counted at run time).
+    rows: a `_Rows`.
     expected_shape: the shape to name in messages.
 
   Raises:
-    InvalidArgumentError: if they are scalars (no batch dimension), or a
-      tower's tensor has a static dimension 0 other than its rows.
+    InvalidArgumentError: if they are scalars (no batch dimension), if tower
+      0's is a constant of unequal rows that does not depend on its shard of
+      the batch, or a tower's tensor has a static dimension 0 other than its
+      rows.
   """
+  what = what[:1].upper() + what[1:]
   if tensors[0].shape.ndims == 0:
     raise errors.InvalidArgumentError(
         '{} is a scalar in each tower, but replicate_model_fn concatenates '
         'the towers\' outputs along the batch dimension: give it shape {}, '
-        'one row per example.'.format(what[:1].upper() + what[1:],
-                                      expected_shape))
-  if rows is not None:
+        'one row per example.'.format(what, expected_shape))
+  if not rows.read_by(tensors[0]) and _constant_rows_differ(tensors[0]):
+    raise errors.InvalidArgumentError(
+        '{} ({}) is a constant that does not depend on the features or '
+        'labels, and its rows are not all equal, so it is one value for the '
+        'whole batch rather than one row per example; replicate_model_fn '
+        'concatenates the towers\' '
+        'outputs along dimension 0 and would repeat it once per tower, where '
+        'one device returns it once. Compute it per example from the '
+        'features (shape {}), or serve it apart from the predictions.'.format(
+            what, tensors[0].name, expected_shape))
+  if rows.counts is not None:
     tensors = [_with_rows(tensor, count, tower_id, what, expected_shape)
-               for tower_id, (tensor, count) in enumerate(zip(tensors, rows))]
+               for tower_id, (tensor, count) in enumerate(
+                   zip(tensors, rows.counts))]
   return tf.concat(tensors, axis=0)
 
 
@@ -233,8 +294,7 @@ def _with_rows(tensor, rows, tower_id, what, expected_shape):
       'of the batch: replicate_model_fn concatenates the towers\' outputs '
       'along dimension 0, so each must have shape {}, one row per example (a '
       'value per batch, or a batch dimension elsewhere, would be repeated or '
-      'mixed across towers).'.format(what[:1].upper() + what[1:], tower_id,
-                                     expected_shape))
+      'mixed across towers).'.format(what, tower_id, expected_shape))
   static = (tf.compat.dimension_value(tensor.shape[0])
             if tensor.shape.ndims is not None else None)
   if isinstance(rows, int) and static is not None:
@@ -271,11 +331,13 @@ def _check_same_keys(per_tower_keys, what):
 
 
 def merge(mode, tower_specs, tower_metric_variables, aggregation_device,
-          applying_tower_id, tower_rows=None, first_inputs=()):
+          applying_tower_id, tower_rows=None, first_inputs=(),
+          split_inputs=()):
   """Dispatches to the merge of `mode`."""
   if mode == ModeKeys.TRAIN:
     return train_spec(tower_specs, aggregation_device, applying_tower_id)
   if mode == ModeKeys.EVAL:
     return eval_spec(tower_specs, tower_metric_variables, aggregation_device,
                      tower_rows, first_inputs)
-  return predict_spec(tower_specs, aggregation_device, tower_rows)
+  return predict_spec(tower_specs, aggregation_device, tower_rows,
+                      split_inputs)

@@ -373,7 +373,8 @@ class UnevenBatchGraphTest(tf.test.TestCase):
         with self.assertRaisesRegex(
             tf.errors.InvalidArgumentError,
             message.format('the size below', 'the rows after it')):
-          self._predict_odd(x, lambda p: tf.constant([1, 2, 3, 4, 5]),
+          # Two rows per row: [2, 2, 2, 0] where the towers got [1, 1, 1, 0].
+          self._predict_odd(x, lambda p: tf.concat([p, p], 0),
                             {x: _X[:rows]})
     with tf.Graph().as_default():  # a scalar: no rows at all
       with self.assertRaisesRegex(
@@ -381,6 +382,50 @@ class UnevenBatchGraphTest(tf.test.TestCase):
           r"Predictions\['odd'\] is a scalar in each tower.*one row per "
           r'example'):
         self._predict_odd(_X[:8], tf.reduce_mean)
+
+  def test_predictions_that_read_no_rows_are_refused(self):
+    # A value per batch (a vocabulary of 2) whose size equals a tower's
+    # shard (8 rows, 2 a tower): concatenated it would be 4 copies, [8],
+    # where one device returns [2] (and Estimator.predict refuses to yield
+    # it per example).
+    def model_fn(features, mode):
+      prediction = tf1.layers.dense(features['x'], 1, name='out')
+      return tf1.estimator.EstimatorSpec(mode, predictions={
+          'ok': prediction, 'pair': tf.constant(['neg', 'pos'])})
+
+    def input_fn():
+      return tf.data.Dataset.from_tensors({'x': _X[:8]})
+
+    estimator = tf1.estimator.Estimator(
+        replicate.replicate_model_fn(
+            model_fn, devices=replicate.testing.virtual_cpu_devices(TOWERS)),
+        model_dir=self.get_temp_dir(),
+        config=tf1.estimator.RunConfig(session_config=tf1.ConfigProto(
+            device_count={'CPU': TOWERS})))
+    with self.assertRaisesRegex(
+        errors.InvalidArgumentError,
+        r"Predictions\['pair'\] \(Const:0\) is a constant that does not "
+        r'depend on the features or labels.*repeat it once per tower'):
+      next(estimator.predict(input_fn, yield_single_examples=False))
+    # Built from the static size of a tower's rows, TF folds it into a
+    # constant: repeated per tower it is one device's where its rows are
+    # equal ([0.] * 8), and so is a dropout mask of `tf.ones_like(p)` (each
+    # tower draws its rows'); a constant of unequal rows is refused.
+    with tf.Graph().as_default():
+      predictions = self._predict_odd(
+          _X[:8], lambda p: tf.zeros(tf.shape(p)[:1]))
+    self.assertAllEqual([0.0] * 8, predictions['odd'])
+    with tf.Graph().as_default():
+      predictions = self._predict_odd(
+          _X[:8], lambda p: tf1.nn.dropout(tf.ones_like(p), rate=0.5))
+    self.assertAllInSet(predictions['odd'], [0.0, 2.0])
+    with tf.Graph().as_default():
+      with self.assertRaisesRegex(
+          errors.InvalidArgumentError,
+          r"Predictions\['odd'\] \(Const:0\) is a constant that does not "
+          r'depend on the features or labels, and its rows are not all '
+          r'equal'):
+        self._predict_odd(_X[:8], lambda p: tf.constant([[1.0], [2.0]]))
 
   def test_predictions_with_the_rows_pass(self):
     with tf.Graph().as_default():
