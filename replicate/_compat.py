@@ -451,6 +451,26 @@ def has_derived_seed(op, seed, seed2):
   return op_id - _DERIVED_SEED_GAP <= seed2 < op_id
 
 
+def py_func_function(op):
+  """The Python function a `PyFunc` / `EagerPyFunc` op calls (as given to
+  `tf.py_func`, `tf.numpy_function` or `tf.py_function`), or None where TF's
+  registry no longer holds it."""
+  from tensorflow.python.ops import script_ops  # pylint: disable=g-import-not-at-top
+  token = op.get_attr('token')
+  function = script_ops._py_funcs._funcs.get(  # pylint: disable=protected-access
+      token.decode() if isinstance(token, bytes) else token)
+  # tf.py_function registers an `EagerFunc` around the user's function; TF
+  # 2 wraps it in AutoGraph's `do_not_convert` (its cell `func`), where
+  # `functools.update_wrapper` may not name it.
+  function = getattr(function, '_func', function)
+  code = getattr(function, '__code__', None)
+  if hasattr(function, 'autograph_info__') and 'func' in getattr(
+      code, 'co_freevars', ()):
+    function = function.__closure__[code.co_freevars.index('func')]
+    function = function.cell_contents
+  return function
+
+
 def is_graph_function(graph, name):
   """Whether `graph`'s function library holds a function named `name`."""
   return graph._is_function(name)  # pylint: disable=protected-access

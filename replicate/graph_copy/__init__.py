@@ -8,7 +8,9 @@ edits a copy needs and what it reads of a `NodeDef` (`node_defs`), the
 copies TF's placer binds to a shared variable's device (`bound_devices`),
 each copy's own library functions where their bodies name tower 0's
 device (`function_copies`), and the variable copies and an optimizer's slots of them, made in bulk by
-one import each before its `apply_gradients` (`bulk_variables`). What to
+one import each before its `apply_gradients` (`bulk_variables`), and the
+rule clients follow: copy, or say why not (`copy_policy`; `python_state`:
+what Python did on device 0 that a copy cannot repeat). What to
 copy and when is the clients' decision (towers: `tower_cloning`,
 `output_copies`; strategy: `replica_loop`).
 

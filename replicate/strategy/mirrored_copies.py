@@ -32,6 +32,7 @@ from replicate import _compat
 from replicate.core import op_kinds
 from replicate.graph_copy import copy_policy
 from replicate.graph_copy import graph_copier
+from replicate.graph_copy import python_state
 from replicate.strategy import distribute_context
 
 
@@ -68,6 +69,14 @@ class ReplicaCopier(graph_copier.GraphCopier):
   def __init__(self, graph, devices, first_op_index, replica_inputs):
     super(ReplicaCopier, self).__init__(
         graph, devices, first_op_index, replica_inputs, scope_name='replica')
+    self._python_state = python_state.PythonState()
+
+  def reason_python_state(self, ops):
+    """Why copies of replica 0's new `ops` would not be another call's
+    (python_state.py), or None."""
+    reason = self._python_state.reason_not_to_copy(
+        python_state.copied_ops(ops))
+    return None if reason is None else 'the replica function ' + reason
 
   def map_mirrored(self, variables):
     """Copies of ops reading or writing a mirrored variable use their copy.

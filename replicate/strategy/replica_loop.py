@@ -268,8 +268,10 @@ class _Copies(object):
     first = self.threads[0]
     while True:
       loop.step()
-      mirrored_copies.POLICY.check(mirrored_copies.reason_summaries_written(
-          loop.replica_ops[self.graph]))
+      ops = loop.replica_ops[self.graph]
+      mirrored_copies.POLICY.check(
+          mirrored_copies.reason_summaries_written(ops) or
+          self.copier.reason_python_state(ops))
       self.copier.map_mirrored(self.mirrored_variables())
       if first.done:
         return self._results(loop.container_of)

@@ -10,6 +10,7 @@ from replicate._compat import tf1
 from replicate.core import op_kinds
 from replicate.graph_copy import graph_copier
 from replicate.graph_copy import node_defs
+from replicate.graph_copy import python_state
 from replicate.towers import device_setter
 
 
@@ -30,6 +31,7 @@ class TowerCloner(graph_copier.GraphCopier):
     super(TowerCloner, self).__init__(
         graph, devices, first_op_index, tower_inputs,
         stateful_op_types=op_kinds.STATEFUL_OP_TYPES, scope_name='tower')
+    self._python_state = python_state.PythonState()
 
   def reason_not_to_clone(self, tower_context_requested, sum_reduction):
     """Why tower 0 must not be copied, or None when it may be.
@@ -58,7 +60,9 @@ class TowerCloner(graph_copier.GraphCopier):
           not node_defs.colocation_targets(op.node_def)):
         return ('a device scope around the replicated model_fn moved {} to '
                 '{!r}'.format(op.name, op.device))
-    return None
+    reason = self._python_state.reason_not_to_copy(
+        python_state.copied_ops(window))
+    return None if reason is None else 'model_fn ' + reason
 
   def _always_shared(self, window):
     return [op_kinds.op_of(item) for item in self._window_items(

@@ -177,6 +177,30 @@ class ReplicaCopiesTest(tf.test.TestCase, parameterized.TestCase):
                                   r'asked which replica it builds \(devices'):
         strategy.run(fn)
 
+  def test_python_state_is_an_error(self):
+    # A seed drawn from numpy.random (Keras's backend.dropout without one)
+    # and a py_func of a closure: each call makes its own, copies cannot.
+    def dropout():
+      return tf1.keras.backend.dropout(tf.ones([4]), 0.5)
+
+    def closure():
+      calls = []
+      return tf1.numpy_function(lambda: np.float32(len(calls)), [],
+                                tf.float32)
+
+    for fn, words in ((dropout, r'drew numbers from Python\'s random '
+                       r'generators .* random op \S*dropout'),
+                      (closure, r'built the PyFunc op \S+ calling .*lambda')):
+      with tf.Graph().as_default():
+        strategy = replicate.MirroredStrategy(DEVICES, replica_build=CLONE)
+        with self.assertRaisesRegex(
+            errors.InvalidArgumentError,
+            r'copies replica 0 onto the other replicas, but the replica '
+            r'function ' + words):
+          strategy.run(fn)
+      with tf.Graph().as_default():  # the default: a call per replica
+        replicate.MirroredStrategy(DEVICES).run(fn)
+
   def test_merge_handing_out_python_values_is_an_error(self):
     # The merge hands replica i the Python number i + 1; the function
     # scales its value by it after the merge. Copies cannot follow: replica

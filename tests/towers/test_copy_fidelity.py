@@ -464,6 +464,36 @@ class RandomSeedTest(tf.test.TestCase, parameterized.TestCase):
     for tower in range(1, 4):
       self.assertAllEqual(copied[0], copied[tower])
 
+  def test_seed_drawn_from_numpy_random_draws_as_calls(self):
+    # Keras's backend.dropout without a seed takes its op seed from
+    # numpy.random, so each call draws its own; copies of tower 0 would
+    # draw its mask in every tower. The copying build makes a call per
+    # tower instead: with numpy.random seeded alike, it draws the masks
+    # the calls draw, one per tower.
+    def model_fn(features, labels, mode, params):
+      del labels, params
+      mask = tf1.keras.backend.dropout(tf.ones_like(features['x']), 0.5)
+      return tf1.estimator.EstimatorSpec(mode, predictions={'mask': mask})
+
+    def masks(build):
+      state = np.random.get_state()
+      np.random.seed(11)
+      try:
+        with tf.Graph().as_default():
+          spec = replicate.replicate_model_fn(
+              model_fn, devices=mt.cpus(4), tower_build=build)(
+                  {'x': tf.zeros([16, 6])}, None, mt.PREDICT, {})
+          with tf1.Session(
+              config=replicate.testing.virtual_cpu_config(4)) as s:
+            return s.run(spec.predictions)['mask'].reshape(4, 4, 6)
+      finally:
+        np.random.set_state(state)
+
+    copied = masks(replicate.TowerBuild.CLONE)
+    self.assertAllEqual(masks(replicate.TowerBuild.CALL_PER_TOWER), copied)
+    for tower in range(1, 4):
+      self.assertFalse(np.array_equal(copied[0], copied[tower]), tower)
+
   def test_graph_seed_draws_per_tower(self):
     # Graph seed 7, no op seed: the op seed derives from the op's place in
     # the graph, which differs per call; copies get their own seed2.

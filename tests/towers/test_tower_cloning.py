@@ -47,6 +47,32 @@ def _data():
   return mt.data(batch_size=8, num_features=8)
 
 
+def _zeros_like(x):
+  return np.zeros_like(x)
+
+
+def _closure():
+  """A function counting its calls in a cell of its own."""
+  count = [0]
+
+  def counted(x):
+    count[0] += 1
+    return np.zeros_like(x)
+
+  return counted
+
+
+class _Counter(object):
+  """A callable object counting its calls."""
+
+  def __init__(self):
+    self.count = 0
+
+  def __call__(self, x):
+    self.count += 1
+    return np.zeros_like(x)
+
+
 def _counting(model_fn):
   """`model_fn` and a list that gets one entry per call."""
   calls = []
@@ -427,6 +453,64 @@ class FallbackTest(tf.test.TestCase, parameterized.TestCase):
     self.assertLen(reasons, 1)
     self.assertIn('loss_reduction is SUM', reasons[0])
     calls, reasons = self._reasons(model_fn)  # MEAN: copied
+    self.assertEqual((1, []), (calls, reasons))
+
+  @staticmethod
+  def _py_func_model_fn(function):
+    """The deep model with `function(x)` (a tf.numpy_function) added to
+    its features; `function` may be a factory: called once per model_fn
+    call."""
+
+    def model_fn(features, labels, mode, params):
+      called = function() if function in (_closure, _Counter) else function
+      x = features['x']
+      x = x + tf1.numpy_function(called, [x], tf.float32)
+      x.set_shape(features['x'].shape)
+      return _deep_model_fn({'x': x}, labels, mode, params)
+
+    return model_fn
+
+  def test_py_func_with_state_of_its_own(self):
+    # A closure made by model_fn, or a callable object: another call makes
+    # another one, with its own state.
+    for factory, words in ((_closure, '_closure.<locals>.counted'),
+                           (_Counter, '_Counter object')):
+      calls, reasons = self._reasons(self._py_func_model_fn(factory))
+      self.assertEqual(2, calls)
+      self.assertLen(reasons, 1)
+      self.assertRegex(reasons[0], r'^model_fn built the PyFunc op \S+ '
+                       r'calling .*{}.*which keeps Python state of its own'
+                       .format(words))
+
+  def test_py_func_of_a_module_function_is_copied(self):
+    # One function object, whichever call registers it: copies call it as
+    # the calls would.
+    for function in (_zeros_like, np.zeros_like):
+      calls, reasons = self._reasons(self._py_func_model_fn(function))
+      self.assertEqual((1, []), (calls, reasons))
+
+  def test_seed_drawn_from_numpy_random(self):
+    # Keras's backend.dropout draws its op seed from numpy.random when given
+    # none: another call would draw another.
+    def model_fn(features, labels, mode, params):
+      x = tf1.keras.backend.dropout(features['x'], 0.5)
+      return _deep_model_fn({'x': x}, labels, mode, params)
+
+    calls, reasons = self._reasons(model_fn)
+    self.assertEqual(2, calls)
+    self.assertLen(reasons, 1)
+    self.assertRegex(reasons[0], r'^model_fn drew numbers from Python\'s '
+                     r'random generators .* random op \S*dropout\S* with an '
+                     r'explicit seed')
+
+  def test_seed_given_without_drawing(self):
+    # An explicit op seed that no Python generator drew: every call builds
+    # it alike, and so do copies (test_copy_fidelity.py's RandomSeedTest).
+    def model_fn(features, labels, mode, params):
+      x = tf1.nn.dropout(features['x'], rate=0.5, seed=3)
+      return _deep_model_fn({'x': x}, labels, mode, params)
+
+    calls, reasons = self._reasons(model_fn)
     self.assertEqual((1, []), (calls, reasons))
 
   @staticmethod
