@@ -36,6 +36,7 @@ import enum
 
 import tensorflow as tf
 
+from replicate import _compat
 from replicate._compat import tf1
 from replicate.core import logs as logging
 from replicate.graph_copy import copy_policy
@@ -109,10 +110,17 @@ def clone_optimizer_call(replication, call_index):
                      if t is not None)
     elif grad is not None:
       targets.append(grad)
+  if replication.ops_before_updates is None:
+    replication.ops_before_updates = frozenset(
+        replication.graph.get_operations())
+  controls = _gradient_controls(replication)
   # The loss values are copied now too: the model's spec reports one of them
   # as a rule, and a round of its own would cost another import.
-  cloner.clone(targets + replication.gradient_losses)
+  cloner.clone(targets + replication.gradient_losses + controls)
   replication.towers_cloned = True
+  replication.copied_controls[call_index] = [
+      cloner.get(tower_id, op) for tower_id in range(1, replication.num_towers)
+      for op in controls]
   for tower_id in range(1, replication.num_towers):
     copied = []
     for grad, var in grads_and_vars:
@@ -121,6 +129,32 @@ def clone_optimizer_call(replication, call_index):
       copied.append((cloner.get(tower_id, grad), var))
     replication.record_optimizer_call(optimizer_name, copied,
                                       tower_id=tower_id)
+
+
+def _gradient_controls(replication):
+  """What the open control dependencies name of tower 0's gradients.
+
+  Tower 0's gradients, or values made of them before any update (a GAN's
+  two optimizers: every gradient computed, then both updates under
+  `control_dependencies` of them all). The update waits for them, as on one
+  device; it must wait for their copies too, or it may write a variable
+  that a copy's backward pass still reads (a reference variable's read
+  aliases it). Ops written by an update, or made after one, are not copied.
+  """
+  open_ops = _compat.current_control_dependencies(replication.graph)
+  if not open_ops:
+    return []
+  before = replication.ops_before_updates
+  pending = [op for op in replication.computed_gradient_ops.get(0, ())
+             if op in before]
+  derived = set(pending)
+  while pending:
+    op = pending.pop()
+    for consumer in [c for t in op.outputs for c in t.consumers()]:
+      if consumer in before and consumer not in derived:
+        derived.add(consumer)
+        pending.append(consumer)
+  return sorted(open_ops & derived, key=lambda op: op.name)
 
 
 def copied_specs(cloner, replication, first_spec, unscaled_loss, collections):

@@ -129,6 +129,11 @@ class Replication(object):
       tower id.
     computed_gradient_ops: by tower id, the ops of the gradients its
       `TowerOptimizer.compute_gradients` calls returned.
+    copied_controls: by optimizer call index, the copies (towers 1..N-1)
+      of what the control dependencies open around tower 0's call name of
+      its gradients, for the copied towers' update to wait for too.
+    ops_before_updates: with copied towers, the graph's ops before the
+      first copying round (nothing of an update among them), else None.
   """
 
   def __init__(self, graph, num_towers, loss_reduction, replicated=None,
@@ -151,6 +156,8 @@ class Replication(object):
     self.tower_context_requested = False
     self.not_cloned_reason = None
     self.gradient_losses = []
+    self.copied_controls = {}
+    self.ops_before_updates = None
     # The ops of TowerOptimizer's updates of the step (step_checks.py).
     self.tower_optimizer_updates = set()
     self._calls = [[] for _ in range(num_towers)]

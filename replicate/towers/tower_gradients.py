@@ -131,8 +131,12 @@ def apply_gradients(replication, optimizer, grads_and_vars, global_step,
     replication.record_returned_op(call_index, under, returned)
     return returned
   if replication.tower.tower_id == tower_collections.UPDATE_TOWER_ID:
-    return _apply_sums(replication, optimizer, call_index, global_step, name,
-                       settings)
+    # Copied towers: tower 0 applies, under its call's control dependencies
+    # and their copies (tower_cloning._gradient_controls).
+    with tf1.control_dependencies(
+        replication.copied_controls.get(call_index, [])):
+      return _apply_sums(replication, optimizer, call_index, global_step,
+                         name, settings)
   # The last tower applies for every tower, but only tower 0's update ops
   # may run (see tower_collections.py): the update waits for what tower 0's
   # same call was made under, and for what this call is made under less

@@ -266,6 +266,88 @@ class MovingAverageTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(replicated['global_step'], 3)
 
 
+def _two_optimizers_model_fn(features, labels, mode, params):
+  """Two optimizers, updating together once every gradient is computed.
+
+  A GAN's step: the output layer's SGD step on one loss, the hidden layer's
+  on another that reads the output kernel in its backward pass; both
+  updates under `control_dependencies` of all the gradients, as one device
+  orders them. The collection 'second_gradients' gets the second ones.
+  """
+  hidden = tf1.layers.dense(
+      features['x'], 4, activation=tf.nn.tanh,
+      kernel_initializer=tf1.glorot_uniform_initializer(seed=1), name='h')
+  logits = tf1.layers.dense(
+      hidden, 1, kernel_initializer=tf1.glorot_uniform_initializer(seed=2),
+      name='logits')
+  loss = tf1.losses.mean_squared_error(labels, logits)
+  loss2 = tf.reduce_mean(tf.square(logits + 0.3 * labels))
+  head = tf1.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES, 'logits')
+  body = tf1.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES, 'h/')
+  first = replicate.TowerOptimizer(_OPTIMIZERS['sgd']())
+  second = replicate.TowerOptimizer(
+      _OPTIMIZERS[params['optimizer']]())
+  grads = first.compute_gradients(loss, var_list=head)
+  grads2 = second.compute_gradients(loss2, var_list=body)
+  for grad, _ in grads2:
+    tf1.add_to_collection('second_gradients', grad)
+  with tf.control_dependencies([g for g, _ in grads + grads2]):
+    train_op = tf.group(first.apply_gradients(grads),
+                        second.apply_gradients(
+                            grads2, tf1.train.get_global_step()))
+  return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+class TwoOptimizersTest(tf.test.TestCase, parameterized.TestCase):
+  """Updates wait for every tower's gradients that their block names."""
+
+  def test_first_update_waits_for_every_towers_second_gradients(self):
+    # The first update writes the output kernel, which the second loss's
+    # backward pass reads: on a reference variable (TF 1.15's default) a
+    # copy's backward pass that ran after it read the new kernel, so the
+    # towers' second gradients, and the step, changed from run to run.
+    with tf.Graph().as_default() as graph:
+      tf1.train.get_or_create_global_step()
+      x, y = _rows()
+      replicate.replicate_model_fn(
+          _two_optimizers_model_fn, devices=_cpus(2))(
+              {'x': tf.constant(x)}, tf.constant(y), _TRAIN,
+              {'optimizer': 'sgd'})
+      updates = [op for op in graph.get_operations()
+                 if 'ApplyGradientDescent' in op.type and
+                 'logits/kernel' in op.inputs[0].name]
+      self.assertLen(updates, 1)
+      waited = set()
+      pending = [updates[0]]
+      while pending:
+        op = pending.pop()
+        for dependency in [t.op for t in op.inputs] + op.control_inputs:
+          if dependency not in waited:
+            waited.add(dependency)
+            pending.append(dependency)
+      second_gradients = graph.get_collection('second_gradients')
+      self.assertLen(second_gradients, 2)  # h/kernel, h/bias
+      for grad in second_gradients:
+        self.assertIn(graph.get_operation_by_name('tower_1/' + grad.op.name),
+                      waited)
+
+  @parameterized.parameters('sgd', 'adam')
+  def test_trains_as_one_device(self, optimizer):
+    x, y = _rows()
+    one = _train_in_graph(_two_optimizers_model_fn, {'x': x}, y,
+                          {'optimizer': optimizer}, steps=5)
+    for build in sorted(_BUILDS):
+      replicated = _train_in_graph(
+          _two_optimizers_model_fn, {'x': x}, y,
+          {'optimizer': optimizer}, _cpus(4), steps=5,
+          **_BUILDS[build])
+      self.assertEqual(sorted(one), sorted(replicated))
+      for name in one:
+        self.assertAllClose(one[name], replicated[name], rtol=1e-5,
+                            atol=1e-6, msg=(build, name))
+      self.assertEqual(replicated['global_step'], 5)
+
+
 def _input_fn():
   x, y = _rows(16)
 
