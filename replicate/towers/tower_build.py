@@ -15,6 +15,7 @@ from replicate._compat import EstimatorSpec
 from replicate._compat import ModeKeys
 from replicate._compat import tf1
 from replicate.core import checks
+from replicate.core import op_kinds
 from replicate.towers import batch_split
 from replicate.towers import device_setter
 from replicate.towers import output_copies
@@ -107,6 +108,7 @@ def build(model_fn, features, labels, mode, params, config, placement,
     per_tower_reason = None if cloner else _PER_TOWER_REQUESTED
     specs = []
     metric_variables = []
+    new_locals = []  # each tower's new local variables, not metric ones
     copied = False
     try:
       for tower_id, device in enumerate(devices):
@@ -114,6 +116,8 @@ def build(model_fn, features, labels, mode, params, config, placement,
         trainable_before = _ids(tf1.trainable_variables())
         metrics_before = _ids(graph.get_collection(
             tf1.GraphKeys.METRIC_VARIABLES))
+        locals_before = _ids(graph.get_collection(
+            tf1.GraphKeys.LOCAL_VARIABLES))
         requested_devices = (
             cloner.requested_devices if cloner and tower_id == 0 else None)
         replication.tower_inputs = tf.nest.flatten(
@@ -142,6 +146,11 @@ def build(model_fn, features, labels, mode, params, config, placement,
             v for v in graph.get_collection(tf1.GraphKeys.METRIC_VARIABLES)
             if id(v) not in metrics_before
         ]))
+        metrics_now = _ids(graph.get_collection(
+            tf1.GraphKeys.METRIC_VARIABLES))
+        new_locals.append([
+            v for v in graph.get_collection(tf1.GraphKeys.LOCAL_VARIABLES)
+            if id(v) not in locals_before and id(v) not in metrics_now])
         if tower_id or cloner is None:
           _check_copied(replicated, per_tower_reason)
           continue
@@ -178,6 +187,8 @@ def build(model_fn, features, labels, mode, params, config, placement,
         break
       if not copied or mode == ModeKeys.TRAIN:
         replication.check_same_optimizer_calls()
+      if not copied and mode == ModeKeys.EVAL and num_towers > 1:
+        _add_metric_locals(graph, specs, metric_variables, new_locals)
     finally:
       replication.cloner = None
       collections.finish()
@@ -201,6 +212,24 @@ def build(model_fn, features, labels, mode, params, config, placement,
           collections.added(tower_collections.UPDATE_TOWER_ID,
                             tf1.GraphKeys.UPDATE_OPS), spec.train_op)
     return _with_sync_hook(spec, mode, replicated)
+
+
+def _add_metric_locals(graph, specs, metric_variables, new_locals):
+  """Adds to each tower's metric variables the local variables its call
+  made anew that its metrics' updates write (a hand-made metric's state made
+  outside `METRIC_VARIABLES`), so that the merge adds them up as a copy's
+  writes of tower 0's add up; those every tower shares need no merge."""
+  cones = [op_kinds.backward_cone(
+      getattr(update, 'op', update)
+      for _, update in (spec.eval_metric_ops or {}).values())
+           for spec in specs]
+  for tower_id, (variables, made) in enumerate(
+      zip(metric_variables, new_locals)):
+    # Tower 0 makes those `get_variable` shares with the other towers.
+    variables.extend(_in_creation_order(graph, [
+        v for v in made if op_kinds.variable_writes(v.op, cones[tower_id])
+        and not (tower_id == 0 and
+                 op_kinds.variable_writes(v.op, cones[1]))]))
 
 
 def _static_rows(split):

@@ -237,6 +237,52 @@ class HeadMetricsTest(parameterized.TestCase, tf.test.TestCase):
     self.assertBetween(expected['accuracy'], 0.05, 0.95)
 
 
+def _local_state_metrics(features, classes, logits):
+  """Hand-made metrics whose state is in LOCAL_VARIABLES only.
+
+  `tf1.Variable` makes a new variable in every model_fn call; `get_variable`
+  one that later calls share (a tower's own scope reuses it); the histogram
+  of classes is written by `scatter_add`.
+  """
+  del logits
+  local = [tf1.GraphKeys.LOCAL_VARIABLES]
+  total = tf1.Variable(0., trainable=False, collections=local,
+                       name='weighted_x')
+  count = tf1.get_variable('weight_total', [], trainable=False,
+                           initializer=tf1.zeros_initializer(),
+                           collections=local)
+  histogram = tf1.Variable(tf.zeros([3]), trainable=False,
+                           collections=local, name='class_histogram')
+  weights = features['weights']
+  update = tf.group(
+      tf1.assign_add(total, tf.reduce_sum(features['x'][:, 0] * weights)),
+      tf1.assign_add(count, tf.reduce_sum(weights)),
+      tf1.scatter_add(histogram, classes, weights))
+  return {'weighted_mean': (total / count, update),
+          'weight_total': (tf.identity(count), update),
+          'histogram_1': (histogram[1], update)}
+
+
+class LocalStateMetricsTest(parameterized.TestCase, tf.test.TestCase):
+
+  @parameterized.parameters(list(replicate.TowerBuild))
+  def test_equal_one_device(self, tower_build):
+    # Towers built by their own calls made their own `weighted_x` and
+    # `class_histogram`, which the merge left out: tower 0's shard only (a
+    # quarter of the rows) divided by every tower's shared weight total.
+    expected = _evaluate(_local_state_metrics, None)
+    actual = _evaluate(_local_state_metrics,
+                       replicate.testing.virtual_cpu_devices(_NUM_TOWERS),
+                       tower_build)
+    self.assertEqual(sorted(expected), sorted(actual))
+    for key in expected:
+      self.assertAllClose(expected[key], actual[key], rtol=1e-5, atol=1e-6,
+                          msg=key)
+    # Every row counted: the weights' sum over the data.
+    self.assertAllClose(np.sum(_data()[0]['weights']),
+                        actual['weight_total'], rtol=1e-6)
+
+
 class NotASumTest(parameterized.TestCase, tf.test.TestCase):
 
   @parameterized.parameters(replicate.TowerBuild.CLONE,
