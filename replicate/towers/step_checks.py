@@ -211,9 +211,12 @@ def check_no_tower_state_written(replication, created):
   if not tower_scope:
     return
   graph = replication.graph
-  # Trainable ones are check_tower's error (tower_build.py), made after.
+  # Trainable ones are check_tower's error (tower_build.py), made after,
+  # and so are their slots: that error names the cause.
   trainable = set(v.op.name for v in graph.get_collection(
       tf1.GraphKeys.TRAINABLE_VARIABLES))
+  if any(name.startswith(tower_scope) for name in trainable):
+    return
   for op in created:
     for tensor in _written(op):
       variable = _variable_op(tensor)

@@ -501,6 +501,24 @@ class ModelFnErrorsTest(tf.test.TestCase, parameterized.TestCase):
                tower_build=replicate.TowerBuild.CALL_PER_TOWER)
       _build(model_fn, mt.cpus(2), mode=mode)  # copied: shared
 
+  def test_unshared_variables_with_slots(self):
+    # Adam's slots of the new variables are written by the step's update,
+    # which is checked first: the error still names the variables.
+    def model_fn(features, labels, mode):
+      del labels
+      w = tf.Variable(tf.ones([3, 1]), name='unshared')
+      loss = tf.reduce_mean(tf.matmul(features['x'], w))
+      train_op = replicate.TowerOptimizer(
+          tf1.train.AdamOptimizer(0.1)).minimize(loss)
+      return _spec(mode, loss, train_op)
+
+    with self.assertRaisesRegex(
+        ValueError,
+        r"Tower 1 created trainable variables \['tower_1/unshared'\] "
+        r"instead of reusing tower 0's"):
+      _build(model_fn, mt.cpus(2),
+             tower_build=replicate.TowerBuild.CALL_PER_TOWER)
+
   def test_unshared_variables_in_a_fallback(self):
     def model_fn(features, labels, mode):
       del labels
