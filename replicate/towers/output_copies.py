@@ -53,16 +53,21 @@ def copied_eval_specs(cloner, replication, first_spec, unscaled_loss,
   metrics = dict(first_spec.eval_metric_ops or {})
   updates = [metric[1] for metric in metrics.values()
              if isinstance(metric, (tuple, list)) and len(metric) == 2]
-  # One import for the updates, the loss and the LOSSES entries.
+  # One import for the updates, the loss, the LOSSES entries and the
+  # predictions (concatenated for what reads them, see tower_specs.py).
   cloner.clone(updates + [unscaled_loss] +
-               collections.added(0, tf1.GraphKeys.LOSSES))
+               collections.added(0, tf1.GraphKeys.LOSSES) +
+               _tensors(first_spec.predictions))
   specs = tower_cloning.copied_specs(cloner, replication, first_spec,
                                      unscaled_loss, collections)
   for tower_id, spec in enumerate(specs, 1):
-    specs[tower_id - 1] = tower_specs.replaced(spec, eval_metric_ops={
-        name: _copied_metric(cloner, tower_id, metric)
-        for name, metric in metrics.items()
-    })
+    specs[tower_id - 1] = tower_specs.replaced(
+        spec, predictions=_map(lambda t, i=tower_id: cloner.get(i, t),
+                               first_spec.predictions),
+        eval_metric_ops={
+            name: _copied_metric(cloner, tower_id, metric)
+            for name, metric in metrics.items()
+        })
   return specs, metric_variables
 
 

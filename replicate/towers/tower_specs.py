@@ -74,7 +74,10 @@ def eval_spec(tower_specs, tower_metric_variables, aggregation_device,
   Every evaluation step runs all towers' metric updates, then adds each
   metric variable of towers 1..n-1 into tower 0's and resets them to zero, so
   the reduction can run every step (it is idempotent). Tower 0's metric
-  values then cover the whole batch.
+  values then cover the whole batch. The predictions are the towers'
+  concatenated, as in PREDICT, for what wraps the model_fn and reads them
+  (`tf.estimator.add_metrics`); one without a row per example (a scalar, a
+  static dimension 0 other than the rows) stays tower 0's.
 
   A metric of a per-batch value (`tf.metrics.mean(loss)`) adds one term per
   tower instead of one per batch: that is one device's value only when the
@@ -101,6 +104,9 @@ def eval_spec(tower_specs, tower_metric_variables, aggregation_device,
   """
   fields = tower_specs[0]._asdict()
   fields['loss'] = _summed_loss(tower_specs, aggregation_device)
+  fields['predictions'] = _eval_predictions(
+      [spec.predictions for spec in tower_specs], aggregation_device,
+      tower_rows)
   metrics = [dict(spec.eval_metric_ops or {}) for spec in tower_specs]
   _check_same_keys([sorted(m) for m in metrics], 'eval_metric_ops')
   for tower_metrics in metrics:
@@ -126,6 +132,31 @@ def eval_spec(tower_specs, tower_metric_variables, aggregation_device,
       name: (value, reduce_op) for name, (value, _) in metrics[0].items()
   }
   return EstimatorSpec(**fields)
+
+
+def _eval_predictions(per_tower, aggregation_device, tower_rows):
+  """EVAL's predictions: each concatenated over the towers where it has
+  the tower's rows in dimension 0 (checked when it runs where rows are
+  counted then), else tower 0's."""
+  rows = _Rows(tower_rows, ())
+
+  def merged(tensors, what):
+    if not all(isinstance(t, tf.Tensor) for t in tensors):
+      return tensors[0]
+    try:
+      return _concat(tensors, what, rows)
+    except errors.InvalidArgumentError:
+      return tensors[0]
+
+  with tf1.device(aggregation_device), tf1.name_scope('concat_predictions'):
+    if isinstance(per_tower[0], dict):
+      _check_same_keys([sorted(p) for p in per_tower], 'predictions')
+      return {key: merged([p[key] for p in per_tower],
+                          'predictions[{!r}]'.format(key))
+              for key in per_tower[0]}
+    if per_tower[0] is None:
+      return None
+    return merged(per_tower, 'predictions')
 
 
 def predict_spec(tower_specs, aggregation_device, tower_rows=None,

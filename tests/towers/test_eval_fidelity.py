@@ -283,6 +283,70 @@ class LocalStateMetricsTest(parameterized.TestCase, tf.test.TestCase):
                         actual['weight_total'], rtol=1e-6)
 
 
+class AddMetricsTest(parameterized.TestCase, tf.test.TestCase):
+  """`tf.estimator.add_metrics` reads the merged spec's predictions."""
+
+  @parameterized.parameters(list(replicate.TowerBuild))
+  def test_metrics_of_every_towers_predictions(self, tower_build):
+    # 22 rows in batches of 8: 8, 8, 6 (4 towers: 2, 2, 2, 2 and 2, 2, 1,
+    # 1). The metric mixes predictions with the batch's labels, weights and
+    # features: with tower 0's predictions only, it read a quarter of the
+    # rows, or failed on the shapes.
+    rng = np.random.RandomState(5)
+    x = rng.uniform(-1, 1, size=(22, 3)).astype(np.float32)
+    y = rng.uniform(-1, 1, size=(22, 1)).astype(np.float32)
+    weights = np.linspace(0.5, 2.0, 22).astype(np.float32)[:, None]
+
+    def model_fn(features, labels, mode):
+      predictions = tf1.layers.dense(
+          features['x'], 1, name='out',
+          kernel_initializer=tf1.glorot_uniform_initializer(seed=4))
+      loss = tf1.losses.mean_squared_error(labels, predictions)
+      return tf1.estimator.EstimatorSpec(
+          mode, loss=loss, predictions={'p': predictions,
+                                        'scale': tf.constant(2.0)})
+
+    mt_eval = tf1.estimator.ModeKeys.EVAL
+
+    def metric_fn(labels, predictions, features):
+      return {
+          'mse': tf1.metrics.mean_squared_error(
+              labels, predictions['p'], weights=features['w']),
+          'mean_p': tf1.metrics.mean(predictions['p'] * features['x'][:, :1]),
+          'scale': tf1.metrics.mean(predictions['scale']),
+      }
+
+    def input_fn():
+      return tf.data.Dataset.from_tensor_slices(
+          ({'x': x, 'w': weights}, y)).batch(8)
+
+    with tf.Graph().as_default():  # the initial weights, to evaluate
+      model_fn({'x': tf.zeros([1, 3])}, tf.zeros([1, 1]), mt_eval)
+      tf1.train.get_or_create_global_step()
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        checkpoint = tf1.train.Saver().save(
+            sess, tempfile.mkdtemp() + '/model.ckpt', global_step=0)
+
+    def evaluate(devices):
+      fn = model_fn if devices is None else replicate.replicate_model_fn(
+          model_fn, devices=devices, tower_build=tower_build)
+      estimator = tf1.estimator.add_metrics(tf1.estimator.Estimator(
+          fn, config=tf1.estimator.RunConfig(
+              model_dir=tempfile.mkdtemp(),
+              session_config=replicate.testing.virtual_cpu_config(
+                  _NUM_TOWERS))), metric_fn)
+      return estimator.evaluate(input_fn, checkpoint_path=checkpoint)
+
+    expected = evaluate(None)
+    actual = evaluate(replicate.testing.virtual_cpu_devices(_NUM_TOWERS))
+    for key in ('mse', 'mean_p', 'loss'):
+      self.assertAllClose(expected[key], actual[key], rtol=1e-5, atol=1e-6,
+                          msg=key)
+    # A prediction without rows (a scalar) stays tower 0's: the same value.
+    self.assertAllClose(2.0, actual['scale'])
+
+
 class NotASumTest(parameterized.TestCase, tf.test.TestCase):
 
   @parameterized.parameters(replicate.TowerBuild.CLONE,
