@@ -6,6 +6,7 @@ child prints one line `RESULT <json>` that the parent parses.
 """
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -82,3 +83,16 @@ def git_describe():
     return out.stdout.decode().strip()
   except OSError:
     return 'unknown'
+
+
+def free_ports(count):
+  """`count` distinct free ports (all held open until every one is
+  chosen: a port closed at once can be handed out again)."""
+  sockets = [socket.socket() for _ in range(count)]
+  try:
+    for s in sockets:
+      s.bind(('127.0.0.1', 0))
+    return [s.getsockname()[1] for s in sockets]
+  finally:
+    for s in sockets:
+      s.close()

@@ -35,7 +35,6 @@ Usage:
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -194,15 +193,6 @@ def _child(args):
 # ---------------------------------------------------------------- parent ---
 
 
-def _free_port():
-  sock = socket.socket()
-  try:
-    sock.bind(('127.0.0.1', 0))
-    return sock.getsockname()[1]
-  finally:
-    sock.close()
-
-
 def horovod_python(path):
   """`path` if Horovod's TensorFlow module imports there, else None."""
   if not path or not os.path.exists(path):
@@ -232,10 +222,13 @@ def _launch(route, model, quick, hvd_python):
     except subprocess.TimeoutExpired as e:
       out = (e.output or b'').decode('utf-8', 'replace')
     return _result(out, start)
-  jobs = {'chief': ['127.0.0.1:%d' % _free_port()],
-          'worker': ['127.0.0.1:%d' % _free_port()]}
+  # Distinct ports: one closed at once can be handed out again, and two
+  # tasks on one port (gRPC binds with SO_REUSEPORT) hang.
+  ports = bench_util.free_ports(3 if route == 'ps' else 2)
+  jobs = {'chief': ['127.0.0.1:%d' % ports[0]],
+          'worker': ['127.0.0.1:%d' % ports[1]]}
   if route == 'ps':
-    jobs['ps'] = ['127.0.0.1:%d' % _free_port()]
+    jobs['ps'] = ['127.0.0.1:%d' % ports[2]]
   procs = {}
   with tempfile.TemporaryDirectory() as logs:
     for job in sorted(jobs):
