@@ -217,6 +217,16 @@ class OptimizerVariableNamesTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(replicated['global_step'], 3)
 
 
+def _two_layers(features):
+  """Logits of a tanh layer 'h' of 4 units and an output layer 'logits'."""
+  hidden = tf1.layers.dense(
+      features['x'], 4, activation=tf.nn.tanh,
+      kernel_initializer=tf1.glorot_uniform_initializer(seed=1), name='h')
+  return tf1.layers.dense(
+      hidden, 1, kernel_initializer=tf1.glorot_uniform_initializer(seed=2),
+      name='logits')
+
+
 def _moving_average_model_fn(features, labels, mode, params):
   """`minimize`, then an `ExponentialMovingAverage` of the weights.
 
@@ -225,12 +235,7 @@ def _moving_average_model_fn(features, labels, mode, params):
   decay follows the global step (`num_updates`), so a step counted twice or
   an average updated once per tower shows in the shadows' values.
   """
-  hidden = tf1.layers.dense(
-      features['x'], 4, activation=tf.nn.tanh,
-      kernel_initializer=tf1.glorot_uniform_initializer(seed=1), name='h')
-  logits = tf1.layers.dense(
-      hidden, 1, kernel_initializer=tf1.glorot_uniform_initializer(seed=2),
-      name='logits')
+  logits = _two_layers(features)
   loss = tf1.losses.mean_squared_error(labels, logits)
   step = tf1.train.get_global_step()
   minimize = replicate.TowerOptimizer(
@@ -274,12 +279,7 @@ def _two_optimizers_model_fn(features, labels, mode, params):
   updates under `control_dependencies` of all the gradients, as one device
   orders them. The collection 'second_gradients' gets the second ones.
   """
-  hidden = tf1.layers.dense(
-      features['x'], 4, activation=tf.nn.tanh,
-      kernel_initializer=tf1.glorot_uniform_initializer(seed=1), name='h')
-  logits = tf1.layers.dense(
-      hidden, 1, kernel_initializer=tf1.glorot_uniform_initializer(seed=2),
-      name='logits')
+  logits = _two_layers(features)
   loss = tf1.losses.mean_squared_error(labels, logits)
   loss2 = tf.reduce_mean(tf.square(logits + 0.3 * labels))
   head = tf1.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES, 'logits')
