@@ -118,7 +118,12 @@ def apply_gradients(replication, optimizer, grads_and_vars, global_step,
     # for; not the gradients, which it reads anyway: everything that update
     # builds would wait for the batch (SyncReplicasOptimizer's
     # local_step_init_op, which its hook runs when the session starts).
-    under = tf.no_op(name='tower_optimizer_call')
+    # Less its update ops for a tower other than tower 0, whose are the only
+    # ones that run (tower_collections.py).
+    with (contextlib.nullcontext() if
+          replication.tower.tower_id == tower_collections.UPDATE_TOWER_ID
+          else _without_update_ops(replication.graph)):
+      under = tf.no_op(name='tower_optimizer_call')
     gradients = [g for g, _ in grads_and_vars if g is not None]
     with tf1.control_dependencies(_tensors_of(gradients) + [under]):
       ready = tf.no_op(name='tower_gradients_recorded')
@@ -138,13 +143,14 @@ def apply_gradients(replication, optimizer, grads_and_vars, global_step,
       return _apply_sums(replication, optimizer, call_index, global_step,
                          name, settings)
   # The last tower applies for every tower, but only tower 0's update ops
-  # may run (see tower_collections.py): the update waits for what tower 0's
-  # same call was made under, and for what this call is made under less
-  # the last tower's update ops.
-  first_tower_ready = replication.ready_op(tower_collections.UPDATE_TOWER_ID,
-                                           call_index)
+  # may run (see tower_collections.py): the update waits for what every
+  # tower's same call was made under (less the update ops of towers other
+  # than tower 0), and for what this call is made under less the last
+  # tower's update ops. (Another tower's block may name gradients of a
+  # later call, whose backward pass reads a variable this update writes.)
   with _without_update_ops(replication.graph), tf1.control_dependencies(
-      [first_tower_ready]):
+      [replication.ready_op(tower_id, call_index)
+       for tower_id in range(replication.tower.tower_id)]):
     train_op = _apply_sums(replication, optimizer, call_index, global_step,
                            name, settings)
   # A Tensor, an Operation, or (an `assign` of a resource variable, as

@@ -301,16 +301,20 @@ def _two_optimizers_model_fn(features, labels, mode, params):
 class TwoOptimizersTest(tf.test.TestCase, parameterized.TestCase):
   """Updates wait for every tower's gradients that their block names."""
 
-  def test_first_update_waits_for_every_towers_second_gradients(self):
+  @parameterized.parameters('clone', 'call_per_tower')
+  def test_first_update_waits_for_every_towers_second_gradients(self, build):
     # The first update writes the output kernel, which the second loss's
     # backward pass reads: on a reference variable (TF 1.15's default) a
-    # copy's backward pass that ran after it read the new kernel, so the
-    # towers' second gradients, and the step, changed from run to run.
+    # tower's backward pass that ran after it read the new kernel, so the
+    # towers' second gradients, and the step, changed from run to run: a
+    # copy's (before, the update waited for tower 0's block only), or a
+    # middle tower's built by its own call (the last tower's update waited
+    # for tower 0's block and its own).
     with tf.Graph().as_default() as graph:
       tf1.train.get_or_create_global_step()
       x, y = _rows()
       replicate.replicate_model_fn(
-          _two_optimizers_model_fn, devices=_cpus(2))(
+          _two_optimizers_model_fn, devices=_cpus(4), **_BUILDS[build])(
               {'x': tf.constant(x)}, tf.constant(y), _TRAIN,
               {'optimizer': 'sgd'})
       updates = [op for op in graph.get_operations()
@@ -325,11 +329,16 @@ class TwoOptimizersTest(tf.test.TestCase, parameterized.TestCase):
           if dependency not in waited:
             waited.add(dependency)
             pending.append(dependency)
-      second_gradients = graph.get_collection('second_gradients')
-      self.assertLen(second_gradients, 2)  # h/kernel, h/bias
-      for grad in second_gradients:
-        self.assertIn(graph.get_operation_by_name('tower_1/' + grad.op.name),
-                      waited)
+      second_gradients = [g.op for g in graph.get_collection(
+          'second_gradients')]
+      if build == 'clone':  # tower 0's h/kernel and h/bias, and copies
+        self.assertLen(second_gradients, 2)
+        second_gradients += [
+            graph.get_operation_by_name('tower_{}/{}'.format(i, op.name))
+            for op in second_gradients for i in (1, 2, 3)]
+      self.assertLen(second_gradients, 8)  # every call's own
+      for op in second_gradients:
+        self.assertIn(op, waited)
 
   @parameterized.parameters('sgd', 'adam')
   def test_trains_as_one_device(self, optimizer):
