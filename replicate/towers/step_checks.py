@@ -123,7 +123,8 @@ def check_regularization_counted_once(replication, tower_id, loss, first,
 
   Raises:
     InvalidArgumentError: if `loss` counts an entry of `own` that has a
-      counterpart in `first` (the same name in tower 0's scope) twice: it
+      counterpart in `first` (the same name in tower 0's scope, or outside
+      the towers' scopes, where a custom getter names its ops) twice: it
       depends on both, or on `own` under `Reduction.SUM` (which every tower
       adds unscaled).
   """
@@ -135,7 +136,7 @@ def check_regularization_counted_once(replication, tower_id, loss, first,
              if hasattr(t, 'op')}
   cone = None
   for entry in own:
-    if not hasattr(entry, 'op') or not entry.op.name.startswith(tower_scope):
+    if not hasattr(entry, 'op'):
       continue
     counterpart = by_name.get(_canonical(entry.op.name, tower_scope))
     if counterpart is None:
@@ -165,9 +166,14 @@ def check_regularization_counted_once(replication, tower_id, loss, first,
 
 
 def _canonical(name, scope):
-  """`name` less `scope`, each part less the `_<n>` TF made it unique by."""
-  return '/'.join(re.sub(r'_\d+$', '', part)
-                  for part in name[len(scope):].split('/'))
+  """`name` less `scope`, each part less the `_<n>` TF made it unique by.
+
+  A name outside `scope` keeps its whole path: ops a custom getter makes
+  are named outside the tower's name scope (`get_variable` clears it).
+  """
+  if name.startswith(scope):
+    name = name[len(scope):]
+  return '/'.join(re.sub(r'_\d+$', '', part) for part in name.split('/'))
 
 
 def _components(grad):

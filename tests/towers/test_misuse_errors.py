@@ -403,6 +403,41 @@ class ModelFnErrorsTest(tf.test.TestCase, parameterized.TestCase):
     self.assertAllClose(results[0]['w'], results[1]['w'], rtol=1e-6,
                         atol=1e-6)
 
+  def test_regularization_added_by_a_custom_getter(self):
+    # The same term, added by a custom getter each time it is asked for w.
+    # get_variable clears the name scope while the getter runs, so the
+    # term's ops are named outside tower 1's scope (mul_1, not
+    # tower_1/mul): the check must still pair them with tower 0's.
+    def l2_getter(getter, *args, **kwargs):
+      variable = getter(*args, **kwargs)
+      tf1.losses.add_loss(0.5 * tf.nn.l2_loss(variable),
+                          tf1.GraphKeys.REGULARIZATION_LOSSES)
+      return variable
+
+    def model_fn(features, labels, mode):
+      with tf1.variable_scope('net', custom_getter=l2_getter):
+        w = tf1.get_variable('w', [3, 1], initializer=(
+            tf1.constant_initializer([[0.5], [-0.25], [1.0]])))
+      tf1.losses.mean_squared_error(labels, tf.matmul(features['x'], w))
+      loss = tf1.losses.get_total_loss()
+      return _spec(mode, loss, replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1)).minimize(
+              loss, tf1.train.get_global_step()))
+
+    with self.assertRaisesRegex(
+        ValueError,
+        r'The loss of tower 1 of 2 counts the regularization loss '
+        r'mul_1:0, which its model_fn call added to REGULARIZATION_LOSSES '
+        r"again as tower 0's call added mul:0.*apply it 2 times"):
+      _train_estimator(model_fn, mt.cpus(2),
+                       tower_build=replicate.TowerBuild.CALL_PER_TOWER)
+    with self.assertRaisesRegex(
+        ValueError, r'mul_1:0.*every tower adds its loss unscaled under '
+        r'Reduction.SUM: the step would apply it 2 times'):
+      _train_estimator(model_fn, mt.cpus(2),
+                       loss_reduction=tf1.losses.Reduction.SUM)
+    _train_estimator(model_fn, mt.cpus(2))  # copies count it once
+
   def test_tower_optimizer_wrapped_twice(self):
     sgd = tf1.train.GradientDescentOptimizer(0.1)
     with self.assertRaisesRegex(TypeError, r'TowerOptimizer got a '
