@@ -173,12 +173,9 @@ class TowerOptimizer(tf1.train.Optimizer):
     Args:
       loss: the tower's loss.
       var_list: as for `Optimizer.compute_gradients`.
-      **kwargs: passed to the wrapped optimizer's `compute_gradients`. In a
-        replicated tower or a `MirroredStrategy` replica,
-        `gate_gradients=GATE_OP` (the default) is carried out per variable:
-        each gradient waits for the tower's gradient ops that read its
-        variable, which prevents the same races and saves a `tuple` per
-        gradient op (see gradient_gating.py).
+      **kwargs: passed to the wrapped optimizer's `compute_gradients`
+        (`gate_gradients` included: each tower gates its gradients as one
+        device would).
 
     Returns:
       A list of `(gradient, variable)` pairs.
@@ -194,11 +191,9 @@ class TowerOptimizer(tf1.train.Optimizer):
     replica = _gradient_routing_replica()
     if replication is None and replica is not None:
       gradient_gating.check_gate_gradients(kwargs)
-      if callable(loss):
-        # The wrapped optimizer differentiates a callable with a tape.
-        return optimizer.compute_gradients(loss, var_list=var_list, **kwargs)
-      return gradient_gating.gated_gradients(
-          tf1.get_default_graph(), optimizer, loss, var_list, kwargs)
+      # A callable loss too: the wrapped optimizer differentiates it with a
+      # tape.
+      return optimizer.compute_gradients(loss, var_list=var_list, **kwargs)
     if replication is None or replication.num_towers == 1:
       return optimizer.compute_gradients(loss, var_list=var_list, **kwargs)
     return tower_gradients.compute_gradients(replication, optimizer, loss,

@@ -13,14 +13,6 @@ from replicate._compat import tf1
 READ_OP_TYPES = frozenset(['Identity', 'ReadVariableOp'])
 # Ops that are a variable.
 VARIABLE_OP_TYPES = frozenset(['VariableV2', 'Variable', 'VarHandleOp'])
-# TF1 control flow: ops that run in a loop's frame or a branch.
-CONTROL_FLOW_OP_TYPES = frozenset([
-    'Enter', 'RefEnter', 'Switch', 'RefSwitch', 'Merge', 'RefMerge', 'Exit',
-    'RefExit', 'NextIteration', 'RefNextIteration', 'LoopCond'])
-# Those of them through which a loop or a branch receives a tensor.
-CONTROL_FLOW_ENTRY_TYPES = frozenset(['Enter', 'RefEnter', 'Switch',
-                                      'RefSwitch'])
-
 # Ops that make a lookup table (the v1 reference and v2 resource kinds, and
 # TF 2's anonymous ones). A static table holds what its initializer put in;
 # a mutable one is also written by inserts and saved in checkpoints.
@@ -176,3 +168,19 @@ def is_plain_read(op):
     return (source.op.type in VARIABLE_OP_TYPES and
             source.dtype._is_ref_dtype)  # pylint: disable=protected-access
   return source.op.type == 'VarHandleOp'
+
+
+def variable_snapshot(variable):
+  """The read a variable made with itself, if a plain read; else None.
+
+  A `RefVariable`'s `<name>/read`, a `ResourceVariable`'s
+  `<name>/Read/ReadVariableOp`: layers read these (`variable.value()`).
+  """
+  name = variable.to_proto().snapshot_name
+  if not name:
+    return None
+  tensor = variable.graph.get_tensor_by_name(name)
+  op = tensor.op
+  if not is_plain_read(op) or op.inputs[0].op is not variable.op:
+    return None
+  return tensor

@@ -1,6 +1,6 @@
 """Gradient machinery shared by towers and by the mirrored strategy.
 
-Holds per-variable GATE_OP gating (`gradient_gating`), the packed gradient
+Holds the check of `gate_gradients` (`gradient_gating`), the packed gradient
 sums over devices (`gradient_aggregation`) and gradient accumulation
 (`accumulation`). Functions here
 take per-device lists and graphs; they know nothing of towers or strategies.

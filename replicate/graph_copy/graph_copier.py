@@ -189,8 +189,8 @@ class GraphCopier(object):
     # each copy's, as in a tower that made the variable itself, rather than
     # a second read of the copy.
     for index, variable in enumerate(variables):
-      snapshot = _snapshot(variable)
-      owns = [_snapshot(per_tower[tower_id][index])
+      snapshot = op_kinds.variable_snapshot(variable)
+      owns = [op_kinds.variable_snapshot(per_tower[tower_id][index])
               for tower_id in range(1, len(self._devices))]
       if snapshot is None or any(own is None for own in owns):
         continue
@@ -254,7 +254,7 @@ class GraphCopier(object):
     for op in ops:
       for tensor in op.inputs:
         if tensor.op not in todo:
-          external[_input_name(tensor)] = tensor
+          external[node_defs.input_name(tensor)] = tensor
       for control in op.control_inputs:
         if control not in todo:
           external['^' + control.name] = control
@@ -448,11 +448,28 @@ class GraphCopier(object):
           return self._copy_device(target_op, target_op.node_def, tower_id,
                                    devices)
     requested = self._requested_device(op)
+    if requested is None and not colocated:
+      grouped = self._group_device(op, tower_id, devices)
+      if grouped is not None:
+        return grouped
     if requested is None or colocated:
       # Not placed by the tower's device function, or colocated with a
       # shared op: the same device in every tower.
       return op.device
     return self._placed(requested, tower_id)
+
+  def _group_device(self, op, tower_id, devices):
+    """Where a copy of a `tf.group` NoOp goes: with its copied inputs.
+
+    TF's `group` (e.g. GATE_OP's `tuple` in a gradient) puts its NoOp on
+    the device of the ops it waits for; None for any other op.
+    """
+    if op.type != 'NoOp' or not op.control_inputs or any(
+        dep.device != op.device for dep in op.control_inputs):
+      return None
+    placed = set(devices.get(self._prefixes[tower_id] + dep.name)
+                 for dep in op.control_inputs)
+    return placed.pop() if len(placed) == 1 and None not in placed else None
 
   def _placed(self, requested, tower_id):
     """Tower `tower_id`'s device for an op that requested `requested`.
@@ -474,23 +491,3 @@ class GraphCopier(object):
       self._device_cache[key] = device
     return device
 
-
-def _input_name(tensor):
-  """How a NodeDef names `tensor` as an input (`op` for output 0)."""
-  return tensor.op.name if tensor.value_index == 0 else tensor.name
-
-
-def _snapshot(variable):
-  """The read a variable made with itself, if a plain read; else None.
-
-  A `RefVariable`'s `<name>/read`, a `ResourceVariable`'s
-  `<name>/Read/ReadVariableOp`: layers read these (`variable.value()`).
-  """
-  name = variable.to_proto().snapshot_name
-  if not name:
-    return None
-  tensor = variable.graph.get_tensor_by_name(name)
-  op = tensor.op
-  if not op_kinds.is_plain_read(op) or op.inputs[0].op is not variable.op:
-    return None
-  return tensor

@@ -156,3 +156,8 @@ def function_refs(node):
         refs.append(func)
         stack.extend(func.attr.values())
   return refs
+
+
+def input_name(tensor):
+  """How a NodeDef names `tensor` as an input (`op` for output 0)."""
+  return tensor.op.name if tensor.value_index == 0 else tensor.name

@@ -101,8 +101,8 @@ def clone_optimizer_call(replication, call_index):
   if replicated is not None:
     replicated.make_copies(cloner)
   optimizer_name, grads_and_vars = replication.optimizer_call(0, call_index)
-  # A gradient is copied with its gate (gradient_gating.py): the copy of an
-  # identity that waits for the tower's backward reads of the variable.
+  # A gradient is copied with its gate: GATE_OP's `tuple` identity, which
+  # waits for the other gradients of its op (the backward reads of W).
   targets = []
   for grad, _ in grads_and_vars:
     if isinstance(grad, tf.IndexedSlices):

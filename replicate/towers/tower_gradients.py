@@ -1,7 +1,8 @@
 """What `TowerOptimizer` does inside `replicate_model_fn`'s towers.
 
 `compute_gradients`: a tower's loss scaled for the loss reduction, its
-gradients gated per variable (gradient_gating.py). `apply_gradients`: every
+gradients computed and gated by the wrapped optimizer as on one device.
+`apply_gradients`: every
 tower records its gradients; one call (tower 0's when the towers are
 copies, else the last tower's) sums them per variable on the variable's
 device, or all-reduces them under `VariablePlacement.REPLICATED`, and
@@ -70,9 +71,8 @@ def compute_gradients(replication, optimizer, loss, var_list, kwargs):
 def _tower_gradients(replication, optimizer, loss, var_list, kwargs):
   if replication.cloner is not None:
     replication.gradient_losses.append(loss)
-  return gradient_gating.gated_gradients(
-      replication.graph, optimizer, replication.scale_loss(loss), var_list,
-      kwargs)
+  return optimizer.compute_gradients(replication.scale_loss(loss),
+                                     var_list=var_list, **kwargs)
 
 
 def apply_gradients(replication, optimizer, grads_and_vars, global_step,

@@ -145,9 +145,11 @@ class ReplicaCopiesTest(tf.test.TestCase, parameterized.TestCase):
                           cloned[step]['total'], rtol=1e-5)
       # Distinct rows: the replicas' losses differ.
       self.assertGreater(np.ptp(cloned[step]['loss']), 1e-4)
-    # The copies are about as many ops as the calls build (a few fewer: a
-    # call builds some ops no result needs, which are not copied).
-    self.assertBetween(cloned_ops, 0.8 * called_ops, 1.02 * called_ops)
+    # The copies are about as many ops as the calls build: fewer of the ops
+    # no result needs (a gradient `tuple`'s unread identities), which are not
+    # copied; more NoOps, the `group` of each merge's copies (one per device
+    # and one over them).
+    self.assertBetween(cloned_ops, 0.8 * called_ops, 1.06 * called_ops)
 
   @parameterized.parameters('id_first', 'id_late')
   def test_asking_the_replica_id_is_an_error(self, kind):
