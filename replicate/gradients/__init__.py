@@ -1,6 +1,7 @@
 """Gradient machinery shared by towers and by the mirrored strategy.
 
-Holds the check of `gate_gradients` (`gradient_gating`), the packed gradient
+Holds gradient gating (`gradient_gating`: the `gate_gradients` check, the
+towers' barriers and the update's wait for them), the packed gradient
 sums over devices (`gradient_aggregation`) and gradient accumulation
 (`accumulation`). Functions here
 take per-device lists and graphs; they know nothing of towers or strategies.

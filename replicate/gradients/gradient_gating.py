@@ -1,14 +1,25 @@
 """`gate_gradients` of towers and replicas, and the ops a call creates.
 
-Towers and replicas compute their gradients with the wrapped optimizer's own
-`compute_gradients` and the `gate_gradients` given (`GATE_OP` by default):
-TF's `tuple` per gradient op is what keeps a variable's update from running
-while a backward op (e.g. `dY . W^T`) still reads the variable, whichever
-ops lie between the variable and that reader (a `read` snapshot, a
-`Transpose` or `Reshape` that aliases its buffer, control flow).
+A variable's update must not run while a backward op (e.g. `dY . W^T`)
+still reads the variable, whichever ops lie between the variable and that
+reader (a `read` snapshot, a `Transpose` or `Reshape` that aliases its
+buffer, control flow). One device gets this from `GATE_OP`: TF's `tuple`
+per gradient op, about 350 ops per ResNet-50 tower. Towers instead compute
+their gradients ungated (`tower_kwargs`) and the update waits for one
+barrier per tower (`barrier`, `wait_for_barriers`): a `NoOp` that waits for
+every gradient the tower hands to `apply_gradients`, so for every backward
+op the step runs. The gradients themselves are not gated, so all-reducing
+them still overlaps back-propagation.
+
+`MirroredStrategy` replicas keep the `gate_gradients` given. Imports
+nothing of the package but `_compat`, `errors` and `core`.
 """
+import tensorflow as tf
+
+from replicate import _compat
 from replicate import errors
 from replicate._compat import tf1
+from replicate.core import op_kinds
 
 _GATES = (tf1.train.Optimizer.GATE_NONE, tf1.train.Optimizer.GATE_OP,
           tf1.train.Optimizer.GATE_GRAPH)
@@ -26,6 +37,86 @@ def check_gate_gradients(kwargs):
     raise errors.InvalidArgumentError(
         'gate_gradients must be TowerOptimizer.GATE_NONE, GATE_OP or '
         'GATE_GRAPH, got {!r}.'.format(gate_gradients))
+
+
+def tower_kwargs(kwargs):
+  """A tower's `compute_gradients` arguments: `GATE_OP` (the default) becomes
+  `GATE_NONE`, since the update waits for the tower's barrier instead.
+  `GATE_GRAPH` (every gradient computed before any is used, transforms
+  included) is kept."""
+  gate = kwargs.get('gate_gradients', tf1.train.Optimizer.GATE_OP)
+  if gate == tf1.train.Optimizer.GATE_OP:
+    return dict(kwargs, gate_gradients=tf1.train.Optimizer.GATE_NONE)
+  return kwargs
+
+
+def barrier(gradients, name_scope):
+  """A `NoOp` that waits for `gradients` (Tensors or IndexedSlices) only.
+
+  Returns None for no gradient. Made under the absolute `name_scope` ('' or
+  ending in '/': the tower's), outside any open control dependencies (those
+  of the tower's call are the update's business) and, as TF's `group`, on
+  the device of the gradients' ops.
+  """
+  tensors = []
+  for grad in gradients:
+    if isinstance(grad, tf.IndexedSlices):
+      tensors.extend(t for t in (grad.values, grad.indices, grad.dense_shape)
+                     if t is not None)
+    elif grad is not None:
+      tensors.append(grad)
+  if not tensors:
+    return None
+  with tf1.name_scope(name_scope), tf1.control_dependencies(None), \
+      tf1.device(tensors[0].device):
+    with tf1.control_dependencies(tensors):
+      return tf.no_op(name='gradients_computed')
+
+
+def wait_for_barriers(result, created, barriers):
+  """Makes the writes of an apply wait for every tower's barrier.
+
+  The ops that `result` (the apply's Tensor, Operation or variable) needs
+  among `created` (the ops the apply made), and that take a variable made
+  before the apply (its reference or handle, directly or passed on), get
+  `barriers` as control inputs: every update, and what brings a variable
+  into an update's control flow (a `Switch`, an `Enter`, a TF 2 `If`). A
+  variable the towers read was made before the apply; the gradients and
+  their all-reduce get no control input.
+
+  Returns:
+    The ops given the control inputs.
+  """
+  barriers = [op for op in barriers if op is not None]
+  if not barriers:
+    return []
+  created_set = set(created)
+  start = getattr(result, 'op', result)
+  stack = [start] if start in created_set else []
+  seen = set(stack)
+  gated = []
+  while stack:
+    op = stack.pop()
+    if any(_is_variable_made_before(t, created_set) for t in op.inputs):
+      gated.append(op)
+    for parent in [t.op for t in op.inputs] + list(op.control_inputs):
+      if parent in created_set and parent not in seen:
+        seen.add(parent)
+        stack.append(parent)
+  for op in gated:
+    _compat.add_control_inputs(
+        op, [b for b in barriers if b not in op.control_inputs])
+  return gated
+
+
+def _is_variable_made_before(tensor, created_set):
+  dtype = tensor.dtype
+  if dtype != tf.resource and dtype.base_dtype == dtype:
+    return False
+  if tensor.op in created_set:
+    return False
+  return (tensor.op.type in op_kinds.VARIABLE_OP_TYPES or
+          tensor.op.type in op_kinds.VARIABLE_FORWARD_OP_TYPES)
 
 
 def ops_created_by(graph, fn):

@@ -1,7 +1,8 @@
 """What `TowerOptimizer` does inside `replicate_model_fn`'s towers.
 
 `compute_gradients`: a tower's loss scaled for the loss reduction, its
-gradients computed and gated by the wrapped optimizer as on one device.
+gradients computed by the wrapped optimizer, `GATE_OP` carried out by one
+barrier per tower that the update waits for (gradient_gating.py).
 `apply_gradients`: every
 tower records its gradients; one call (tower 0's when the towers are
 copies, else the last tower's) sums them per variable on the variable's
@@ -71,8 +72,9 @@ def compute_gradients(replication, optimizer, loss, var_list, kwargs):
 def _tower_gradients(replication, optimizer, loss, var_list, kwargs):
   if replication.cloner is not None:
     replication.gradient_losses.append(loss)
-  return optimizer.compute_gradients(replication.scale_loss(loss),
-                                     var_list=var_list, **kwargs)
+  return optimizer.compute_gradients(
+      replication.scale_loss(loss), var_list=var_list,
+      **gradient_gating.tower_kwargs(kwargs))
 
 
 def apply_gradients(replication, optimizer, grads_and_vars, global_step,
@@ -201,8 +203,14 @@ def _apply_sums(replication, optimizer, call_index, global_step, name,
   """
   if replication.replicated is not None:
     _check_replicable(optimizer)
-  tower_grads = _without_empty_towers(
-      replication, replication.gradients_of_call(call_index))
+  tower_grads = replication.gradients_of_call(call_index)
+  # Every write of the update waits for every tower's gradients, and so for
+  # every backward read of the variables (GATE_OP's guarantee, towers
+  # having computed without its tuples).
+  barriers = [gradient_gating.barrier([g for g, _ in pairs],
+                                      _name_scope(replication, tower_id))
+              for tower_id, pairs in enumerate(tower_grads)]
+  tower_grads = _without_empty_towers(replication, tower_grads)
 
   def apply():
     with replication.first_tower_call_scopes(call_index):
@@ -218,20 +226,26 @@ def _apply_sums(replication, optimizer, call_index, global_step, name,
       return apply_once(optimizer, summed, global_step, name, settings,
                         replication.loss_reduction)
 
+  train_op, created = gradient_gating.ops_created_by(replication.graph, apply)
+  gradient_gating.wait_for_barriers(train_op, created, barriers)
   if replication.cloner is None:
     # Towers built by calls: the last one applies, with its own state.
-    train_op, created = gradient_gating.ops_created_by(replication.graph,
-                                                       apply)
     replication.tower_optimizer_updates.update(created)
     step_checks.check_no_tower_state_written(replication, created)
     return train_op
   # Tower 0 applies for copied towers: what it builds here is the one
   # update of the step, never to be copied (e.g. when a later optimizer
   # call of tower 0 depends on this one).
-  train_op, created = gradient_gating.ops_created_by(replication.graph, apply)
   replication.tower_optimizer_updates.update(created)
   replication.cloner.share(created)
   return train_op
+
+
+def _name_scope(replication, tower_id):
+  """Tower `tower_id`'s name scope ('' or ending in '/')."""
+  if tower_id and replication.cloner is not None:
+    return replication.cloner.name_scope(tower_id)
+  return replication.name_scopes.get(tower_id, '')
 
 
 def _without_empty_towers(replication, tower_grads):

@@ -1,6 +1,7 @@
-"""Towers and replicas compute TF's own gradients, gated by TF's own
-`gate_gradients` (gradient_gating.py), summed per variable (no product fused
-across towers)."""
+"""Towers and replicas compute TF's own gradients, summed per variable (no
+product fused across towers). Replicas gate them with TF's own
+`gate_gradients`; towers carry out `GATE_OP` with one barrier per tower that
+every update waits for (gradient_gating.py)."""
 import collections
 import contextlib
 import functools
@@ -272,17 +273,19 @@ class TowerGradientsTest(tf.test.TestCase, parameterized.TestCase):
     # (copies read the shared variable as a per-tower call does), must come
     # before the op that applies W's gradient.
     graph = tf.Graph()
-    _build(graph, mt.cpus(4), {'transpose': transpose}, tower_build)
+    spec = _build(graph, mt.cpus(4), {'transpose': transpose}, tower_build)
+    in_step = _ancestors([getattr(spec.train_op, 'op', spec.train_op)])
     checked = 0
     for var in graph.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES):
-      readers = _backward_readers(var)
+      readers = [op for op in _backward_readers(var) if op.name in in_step]
       needed = _ops_its_update_needs(graph, var)
       self.assertFalse([op.name for op in readers if op.name not in needed],
                        msg=var.op.name)
       checked += len(readers)
-    # Each kernel is read by each tower's dX; as on one device, TF's tuple
-    # computes the model input's gradient (in/kernel's reader) too.
-    self.assertEqual(3 * 4, checked)
+    # The middle and logits kernels are read by each tower's dX; the model
+    # input's gradient (in/kernel's reader) is not in the step: no tuple
+    # makes a tower compute it.
+    self.assertEqual(2 * 4, checked)
 
   def test_gate_graph_is_passed_through(self):
     features, labels = _data()
@@ -306,11 +309,10 @@ class TowerGradientsTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.named_parameters(('cloned', replicate.TowerBuild.CLONE),
                                   ('per_tower',
                                    replicate.TowerBuild.CALL_PER_TOWER))
-  def test_gate_op_is_tfs_own_in_every_tower(self, tower_build):
-    # GATE_OP is TF's: each gradient function's outputs go through one
-    # `tuple`, whose group waits for all of them. One device builds 28 such
-    # identities for this model; every tower builds its own (a copy keeps
-    # those something reads, a call builds them all).
+  def test_gate_op_is_one_barrier_per_tower(self, tower_build):
+    # One device builds GATE_OP's 28 `tuple` identities for this model.
+    # Towers build none: each tower's barrier waits for its 6 gradients
+    # (3 kernels, 3 biases), and every update waits for the 3 barriers.
     features, labels = _data()
     one = tf.Graph()
     with one.as_default():
@@ -320,11 +322,21 @@ class TowerGradientsTest(tf.test.TestCase, parameterized.TestCase):
     self.assertLen(_tuple_gates(one), 28)
     graph = tf.Graph()
     _build(graph, mt.cpus(3), {}, tower_build)
-    per_scope = collections.Counter(
-        op.name.split('/')[0] for op in _tuple_gates(graph))
-    self.assertEqual({'gradients', 'tower_1', 'tower_2'}, set(per_scope))
-    for scope in ('tower_1', 'tower_2'):
-      self.assertGreaterEqual(per_scope[scope], 20, msg=scope)
+    self.assertEmpty([op.name for op in _tuple_gates(graph)])
+    barriers = [op for op in graph.get_operations()
+                if op.type == 'NoOp' and 'gradients_computed' in op.name]
+    self.assertLen(barriers, 3)
+    self.assertEqual(['CPU:0', 'CPU:1', 'CPU:2'],
+                     sorted(op.device[-5:] for op in barriers))
+    for barrier in barriers:
+      self.assertLen(barrier.control_inputs, 6, msg=barrier.name)
+      self.assertLen({op.device for op in barrier.control_inputs}, 1)
+    updates = [op for op in graph.get_operations()
+               if op.type.endswith('ApplyGradientDescent')]
+    self.assertLen(updates, 6)
+    for update in updates:
+      self.assertContainsSubset(barriers, update.control_inputs,
+                                msg=update.name)
 
   def test_bad_gate_gradients(self):
     with self.assertRaisesRegex(
@@ -635,6 +647,103 @@ class AliasedReadsTest(tf.test.TestCase, parameterized.TestCase):
           replicate_fn=functools.partial(replicate.replicate_model_fn,
                                          tower_build=tower_build))
       _assert_same_variables(self, one, four)
+
+
+def _paths_model_fn(features, labels, mode, params):
+  """`_sequence_model_fn` with the optimizer and TowerOptimizer's settings
+  of `params` (every path an update can take)."""
+  with tf1.variable_scope('', use_resource=params['resource']):
+    h = tf1.layers.dense(
+        features['x'], 4, tf.tanh, name='h',
+        kernel_initializer=tf1.glorot_uniform_initializer(seed=1))
+    prediction = tf1.layers.dense(
+        h, 2, name='out',
+        kernel_initializer=tf1.glorot_uniform_initializer(seed=2))
+  loss = tf.reduce_mean(tf.square(prediction - labels))
+  optimizer = replicate.TowerOptimizer(
+      _OPTIMIZER_FNS[params['optimizer']],
+      accumulation_steps=params['accumulation_steps'],
+      compression=params['compression'])
+  train_op = optimizer.minimize(loss, tf1.train.get_global_step())
+  return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def _variable_of(tensor):
+  """The variable op a ref or handle comes from, through identities and
+  control flow (a `RefSwitch` into a `cond`)."""
+  op = tensor.op
+  while op.type in ('Identity', 'RefIdentity', 'Switch', 'RefSwitch',
+                    'Enter', 'RefEnter'):
+    op = op.inputs[0].op
+  return op
+
+
+class UpdatePathsTest(tf.test.TestCase, parameterized.TestCase):
+  """Every way an update is built waits for every tower's backward reads."""
+
+  @parameterized.named_parameters(
+      ('sgd', {}),
+      ('adam_resource', {'optimizer': 'adam', 'resource': True}),
+      ('replicated', {'placement': replicate.VariablePlacement.REPLICATED}),
+      ('replicated_adam', {'optimizer': 'adam',
+                           'placement': replicate.VariablePlacement.REPLICATED}),
+      # Accumulation applies in a `cond`: TF 1.15's brings a reference
+      # variable in through a RefSwitch; TF 2.15's (an `If`) takes resource
+      # variables only.
+      ('accumulated', {'accumulation_steps': 2, 'resource': IS_TF2}),
+      ('accumulated_replicated', {
+          'accumulation_steps': 2, 'resource': IS_TF2,
+          'placement': replicate.VariablePlacement.REPLICATED}),
+      ('compressed', {'compression': replicate.Compression.fp16}),
+      ('per_tower_accumulated', {
+          'build': replicate.TowerBuild.CALL_PER_TOWER,
+          'accumulation_steps': 2, 'resource': IS_TF2}),
+  )
+  def test_updates_wait_for_every_backward_read(self, settings):
+    params = dict({'optimizer': 'sgd', 'resource': False,
+                   'accumulation_steps': 1, 'compression': None},
+                  **settings)
+    placement = params.pop('placement',
+                           replicate.VariablePlacement.CONSOLIDATION_DEVICE)
+    build = params.pop('build', replicate.TowerBuild.CLONE)
+    features, labels = _sequence_data()
+    graph = tf.Graph()
+    with graph.as_default():
+      tf1.train.get_or_create_global_step()
+      spec = replicate.replicate_model_fn(
+          _paths_model_fn, devices=mt.cpus(4), variable_placement=placement,
+          tower_build=build)(
+              {'x': tf.constant(features['x'])}, tf.constant(labels),
+              mt.TRAIN, params)
+    in_step = _ancestors([getattr(spec.train_op, 'op', spec.train_op)])
+    updates = collections.defaultdict(list)
+    for op in graph.get_operations():
+      if op.type.startswith(('Apply', 'ResourceApply')):
+        updates[_variable_of(op.inputs[0]).name].append(op)
+      elif op.type in ('If', 'StatelessIf'):
+        # TF 2's `cond`: the updates are in its branches' functions; the
+        # `If` takes the variables' handles.
+        for tensor in op.inputs:
+          if tensor.dtype == tf.resource:
+            updates[_variable_of(tensor).name].append(op)
+    kernels = [op for op in graph.get_operations()
+               if op.type in ('VariableV2', 'VarHandleOp') and
+               op.name.endswith('kernel')]
+    # h/ and out/kernel, and under REPLICATED each tower's copy of them.
+    self.assertLen(kernels, 8 if 'placement' in settings else 2)
+    checked = 0
+    for kernel in kernels:
+      variable = collections.namedtuple('V', 'op')(kernel)
+      readers = [op for op in _backward_readers(variable)
+                 if op.name in in_step]
+      needed = _ancestors(updates[kernel.name])
+      self.assertNotEmpty(updates[kernel.name], msg=kernel.name)
+      self.assertFalse([op.name for op in readers if op.name not in needed],
+                       msg=kernel.name)
+      checked += len(readers)
+    # out/kernel's dX in each of the 4 towers (h/kernel's dX is the model
+    # input's gradient, not in the step).
+    self.assertEqual(4, checked)
 
 
 if __name__ == '__main__':
