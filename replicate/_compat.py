@@ -215,6 +215,11 @@ def set_variable_creator_stack(graph, stack):
   graph._variable_creator_stack = list(stack)  # pylint: disable=protected-access
 
 
+def clear_attr(op, name):
+  """Removes the attribute `name` of the existing `op` (no public API)."""
+  op._clear_attr(name)  # pylint: disable=protected-access
+
+
 def record_on_tape(name, outputs, inputs, backward):
   """Records on the active `GradientTape`s that `outputs` came from `inputs`,
   with `backward(*output_grads) -> input_grads` (what `tf.custom_gradient`

@@ -5,7 +5,8 @@ fresh Python process that never imports `replicate`, imports the latest
 checkpoint's meta graph, differentiates the loss with `tf.gradients` and runs
 the gradients with the checkpoint restored. A gradient override registered by
 the library (an op attribute `_gradient_op_type` naming a gradient only
-`import replicate` registers) fails there with a LookupError.
+`import replicate` registers) fails there with a LookupError. Likewise for a
+`MirroredStrategy` graph holding a `ReplicaContext.all_reduce`.
 """
 import json
 import os
@@ -138,6 +139,82 @@ class GraphPortabilityTest(parameterized.TestCase, tf.test.TestCase):
       self.assertAllClose(expected[name], grads[name], rtol=1e-5, atol=1e-7,
                           msg=name)
       self.assertGreater(np.abs(expected[name]).max(), 1e-4, name)
+
+
+# Run by a fresh interpreter: argv = meta graph path, loss tensor name,
+# variable op names and their initializers' (JSON; each replica's copy of the
+# mirrored variable, which only replica 0's is in the collections).
+# Prints the gradient of the loss with respect to each, as a JSON list.
+_MIRRORED_CHILD = r'''
+import json
+import sys
+import tensorflow as tf
+tf1 = tf.compat.v1
+meta_path, loss_name, names, inits = sys.argv[1:5]
+with tf.Graph().as_default() as graph:
+  tf1.train.import_meta_graph(meta_path)
+  loss = graph.get_tensor_by_name(loss_name)
+  handles = [graph.get_operation_by_name(name).outputs[0]
+             for name in json.loads(names)]
+  grads = tf.gradients(loss, handles)
+  with tf1.Session(config=tf1.ConfigProto(device_count={'CPU': 2})) as sess:
+    sess.run([graph.get_operation_by_name(name) for name in json.loads(inits)])
+    values = sess.run(grads)
+assert 'replicate' not in sys.modules, 'the child imported replicate'
+print(json.dumps([v.tolist() for v in values]))
+'''
+
+
+class MirroredAllReducePortabilityTest(tf.test.TestCase):
+
+  def test_all_reduce_differentiates_without_replicate(self):
+    # Replica i: y_i = x_i * w (its copy of w), x_i = (i + 1) * [1, 2];
+    # z = all-sum of the y_i; loss_i = c_i * sum(z), c_i = i + 1. Inside the
+    # replicas each one differentiates its own loss through the all-reduce's
+    # own gradient (the all-sum of the replicas' output gradients, c_0 + c_1
+    # = 3): d loss_i / d w_i = 3 * x_i = [3, 6], [6, 12]. In a process that
+    # never imported replicate the graph is plain TF: the gradient of the
+    # whole graph's loss (sum_i loss_i) with respect to w_i is, again,
+    # x_i * sum_j c_j.
+    strategy = replicate.MirroredStrategy(
+        replicate.testing.virtual_cpu_devices(2))
+
+    def fn():
+      i = float(replicate.get_replica_context().replica_id_in_sync_group)
+      y = tf.constant([1.0, 2.0]) * (i + 1.0) * weights
+      z = replicate.get_replica_context().all_reduce(
+          replicate.ReduceOp.SUM, y)
+      loss = (i + 1.0) * tf.reduce_sum(z)
+      return loss, tf.gradients(loss, weights)[0]
+
+    with tf.Graph().as_default() as graph:
+      with strategy.scope():
+        weights = tf1.get_variable(
+            'w', [2], initializer=tf1.constant_initializer([3.0, 5.0]))
+        losses, grads = strategy.experimental_run_v2(fn)
+      total = tf.add_n(list(strategy.unwrap(losses)), name='total_loss')
+      names = [copy.op.name for copy in strategy.unwrap(weights)]
+      inits = [copy.initializer.name for copy in strategy.unwrap(weights)]
+      self.assertEqual(['w', 'w/replica_1'], names)
+      with tf1.Session(config=replicate.testing.virtual_cpu_config(2)) as sess:
+        sess.run(tf1.global_variables_initializer())
+        self.assertAllClose([[3.0, 6.0], [6.0, 12.0]],
+                            sess.run(list(strategy.unwrap(grads))))
+      meta_path = os.path.join(self.get_temp_dir(), 'mirrored.meta')
+      tf1.train.export_meta_graph(meta_path, graph=graph)
+      self.assertEqual([], [op.name for op in graph.get_operations()
+                            if '_gradient_op_type' in op.node_def.attr])
+
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2', CUDA_VISIBLE_DEVICES='')
+    env.pop('PYTHONPATH', None)
+    result = subprocess.run(
+        [sys.executable, '-c', _MIRRORED_CHILD, meta_path, total.name,
+         json.dumps(names), json.dumps(inits)],
+        cwd=self.get_temp_dir(), env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, universal_newlines=True, timeout=300)
+    self.assertEqual(0, result.returncode, result.stderr[-3000:])
+    self.assertAllClose([[3.0, 6.0], [6.0, 12.0]],
+                        json.loads(result.stdout.strip().splitlines()[-1]))
 
 
 if __name__ == '__main__':

@@ -222,7 +222,8 @@ class MirroredReplicaContext(replica_context.ReplicaContext):
     # the variables its outputs depend on, walks into the other replicas and
     # fails on their copies of a mirrored variable.) Replicas build one at a
     # time (see the module docstring), so the graph's override map is this
-    # replica's while the op is made.
+    # replica's while the op is made. The override is taken off again when
+    # `call_for_each_replica` returns (`release_gradient_overrides`).
     graph = tf1.get_default_graph()
     with graph.gradient_override_map(
         {'IdentityN': _ALL_REDUCE_GRADIENTS[reduce_op]}), tf.device(
@@ -270,9 +271,11 @@ def _input_gradients(reduce_op, name, inputs, grads):
   same order, so their `merge_call`s pair up.
 
   Raises:
-    ContextError: outside the replica that built the all-reduce (e.g.
-      `tf.gradients` called on the results after `call_for_each_replica`
-      returned): the other replicas' gradients are not there to add.
+    ContextError: outside a replica while the replicas are built (e.g.
+      `tf.gradients` of a replica's result taken in a merge function): the
+      other replicas' gradients are not there to add. (Once
+      `call_for_each_replica` returns, the op no longer names this gradient:
+      `release_gradient_overrides`.)
   """
   context = default_strategy.get_replica_context()
   if not isinstance(context, MirroredReplicaContext):
@@ -305,6 +308,29 @@ def _all_sum_gradient(op, *grads):
 @tf1.RegisterGradient(_ALL_REDUCE_GRADIENTS[reduce_util.ReduceOp.MEAN])
 def _all_mean_gradient(op, *grads):
   return _all_reduce_gradient(reduce_util.ReduceOp.MEAN, op, grads)
+
+
+def release_gradient_overrides(ops):
+  """Takes the all-reduce's gradient override off `ops` (the run's new ops).
+
+  Called when `call_for_each_replica` returns: only the replicas can build
+  that gradient (`_input_gradients`), and a graph naming it could not be
+  differentiated where `replicate` is not imported (a checkpoint's meta
+  graph). What is left is a plain `IdentityN` of the reduced tensors, whose
+  TF gradient is the reduction's own: the gradient of the whole graph's loss
+  (for a sum over the replicas' losses, the all-reduce of their gradients).
+  """
+  names = set(_ALL_REDUCE_GRADIENTS.values())
+  for op in ops:
+    if op.type != 'IdentityN':
+      continue
+    attr = op.node_def.attr.get(_GRADIENT_OP_TYPE)
+    if attr is not None and attr.s.decode() in names:
+      _compat.clear_attr(op, _GRADIENT_OP_TYPE)
+
+
+# The attribute `gradient_override_map` sets (TF's name).
+_GRADIENT_OP_TYPE = '_gradient_op_type'
 
 
 def _is_plain_python(value):

@@ -77,6 +77,7 @@ def call_for_each_replica(strategy, devices, fn, args, kwargs, make_creator,
   # Replica threads need their own device, colocation and control-dependency
   # stacks (TF 2.x graphs have them already).
   graph.switch_to_thread_local()
+  first_op = len(graph.get_operations())
   run = mirrored_run.Run()
   creator = make_creator(run)
   # Every thread is made now, in the caller's scopes; a copied run starts
@@ -106,6 +107,8 @@ def call_for_each_replica(strategy, devices, fn, args, kwargs, make_creator,
     return results
   finally:
     loop.stop(run)
+    mirrored_run.release_gradient_overrides(
+        graph.get_operations()[first_op:])
 
 
 class _Loop(object):

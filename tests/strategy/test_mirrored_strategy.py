@@ -727,15 +727,24 @@ class AllReduceTest(parameterized.TestCase, tf.test.TestCase):
     self.assertAllClose(
         grads, [[factor * i, factor * (i + 1)] for i in range(NUM)])
 
-  def test_gradient_outside_the_replicas_raises(self):
+  @parameterized.parameters(
+      # Outside the replicas the all-reduce is the graph it is: replica 0's
+      # result is the sum (mean) of the 4 replicas' identities of x, so its
+      # gradient with respect to x is 4 (4 * 1/4 = 1) per element.
+      (SUM, 4.0), (MEAN, 1.0))
+  def test_gradient_outside_the_replicas_is_the_graphs(self, reduce_op,
+                                                       expected):
     strategy = _strategy()
-    with tf.Graph().as_default():
+    with tf.Graph().as_default() as graph:
       x = tf.constant([1.0, 2.0])
       reduced = strategy.experimental_run_v2(
-          lambda: replicate.get_replica_context().all_reduce(SUM, x))
-      with self.assertRaisesRegex(errors.ContextError,
-                                  'must be built inside the function'):
-        tf.gradients(strategy.unwrap(reduced)[0], x)
+          lambda: replicate.get_replica_context().all_reduce(reduce_op, x))
+      # No gradient override is left on the graph (test_graph_portability).
+      self.assertEqual([], [op.name for op in graph.get_operations()
+                            if '_gradient_op_type' in op.node_def.attr])
+      grad = tf.gradients(strategy.unwrap(reduced)[0], x)[0]
+      with tf1.Session(config=CONFIG) as sess:
+        self.assertAllClose([expected, expected], sess.run(grad))
 
   def test_mean_of_integers_raises(self):
     strategy = _strategy()
