@@ -37,13 +37,16 @@ def apply_accumulated(apply_fn, grads_and_vars, steps, scale, global_step,
     applies and resets.
 
   Raises:
-    InvalidArgumentError: if no gradient is given.
+    InvalidArgumentError: if no gradient is given, or for reference
+      variables under TF 2 control flow (whose `cond` takes resource
+      variables only).
   """
   pairs = [(g, v) for g, v in grads_and_vars if g is not None]
   if not pairs:
     raise errors.InvalidArgumentError(
         'No gradients were given for any of the variables {}; check that the '
         'loss depends on them.'.format([v.name for _, v in grads_and_vars]))
+  _check_condition_takes(pairs)
   with tf1.name_scope('gradient_accumulation'):
     # Outside the control dependencies the update is built under (a model's
     # `control_dependencies(update_ops)`, the towers' gradients): else the
@@ -80,6 +83,24 @@ def apply_accumulated(apply_fn, grads_and_vars, steps, scale, global_step,
   with tf1.name_scope('gradient_accumulation'):
     return tf.group(
         tf1.cond(count >= steps, update, tf.no_op), name=name)
+
+
+def _check_condition_takes(pairs):
+  """Raises for reference variables where `tf.cond` is TF 2's (an `If`
+  function, which cannot take them: TF's own error names a type mismatch
+  of the optimizer's update op)."""
+  if not tf1.control_flow_v2_enabled():
+    return
+  refs = [v.op.name for _, v in pairs if v.dtype.base_dtype != v.dtype]
+  if refs:
+    raise errors.InvalidArgumentError(
+        'accumulation_steps > 1 applies the accumulated gradients inside a '
+        'tf.cond, and TF 2 control flow cannot update reference variables '
+        'there: {} {} made with use_resource=False. Make them resource '
+        'variables (tf.compat.v1.variable_scope(..., use_resource=True), the '
+        'TF 2 default), or call tf.compat.v1.disable_control_flow_v2() '
+        'before building the graph.'.format(
+            refs, 'is' if len(refs) == 1 else 'are'))
 
 
 def _accumulator(variable, gradient):

@@ -33,12 +33,14 @@ def _rows(num_rows, seed=0):
 
 
 def _model_fn(features, labels, mode, params):
-  hidden = tf1.layers.dense(
-      features['x'], 4, activation=tf.nn.tanh,
-      kernel_initializer=tf1.glorot_uniform_initializer(seed=1), name='hidden')
-  logits = tf1.layers.dense(
-      hidden, 1, kernel_initializer=tf1.glorot_uniform_initializer(seed=2),
-      name='logits')
+  with tf1.variable_scope('', use_resource=params.get('use_resource')):
+    hidden = tf1.layers.dense(
+        features['x'], 4, activation=tf.nn.tanh,
+        kernel_initializer=tf1.glorot_uniform_initializer(seed=1),
+        name='hidden')
+    logits = tf1.layers.dense(
+        hidden, 1, kernel_initializer=tf1.glorot_uniform_initializer(seed=2),
+        name='logits')
   loss = tf1.losses.sigmoid_cross_entropy(
       labels, logits, reduction=params['reduction'])
   optimizer = replicate.TowerOptimizer(params['optimizer_fn'],
@@ -54,7 +56,7 @@ def _model_fn(features, labels, mode, params):
 
 def _train(model_dir, batch_size, global_steps, optimizer, reduction,
            num_towers=2, tower_build=replicate.TowerBuild.CLONE,
-           input_dependency=False, **tower_optimizer):
+           input_dependency=False, use_resource=None, **tower_optimizer):
   """Trains an Estimator; returns (its variables, its global step)."""
   x, y = _rows(32)
 
@@ -72,7 +74,8 @@ def _train(model_dir, batch_size, global_steps, optimizer, reduction,
           tf_random_seed=0, save_summary_steps=None),
       params={'optimizer_fn': _OPTIMIZERS[optimizer], 'reduction': reduction,
               'tower_optimizer': tower_optimizer,
-              'input_dependency': input_dependency})
+              'input_dependency': input_dependency,
+              'use_resource': use_resource})
   estimator.train(input_fn, steps=global_steps)
   names = ['hidden/kernel', 'hidden/bias', 'logits/kernel', 'logits/bias']
   return ({n: estimator.get_variable_value(n) for n in names},
@@ -139,6 +142,31 @@ class AccumulationTest(parameterized.TestCase, tf.test.TestCase):
                                accumulation_steps=2)
     whole, _ = _train(self.get_temp_dir() + '/k1', 32, 1, 'sgd',
                       tf1.losses.Reduction.MEAN, num_towers=1)
+    self.assertEqual(1, step)
+    for name, value in whole.items():
+      self.assertAllClose(value, accumulated[name], rtol=1e-5, atol=1e-6,
+                          msg=name)
+
+  @parameterized.parameters(1, 2)
+  def test_reference_variables(self, num_towers):
+    # TF 1 control flow updates reference variables in the `cond` (checked
+    # against the whole batch as above); TF 2's cannot, and says so.
+    if tf1.control_flow_v2_enabled():
+      with self.assertRaisesRegex(
+          errors.InvalidArgumentError,
+          r"TF 2 control flow cannot update reference variables there: "
+          r"\['hidden/kernel', 'hidden/bias', 'logits/kernel', "
+          r"'logits/bias'\] are made with use_resource=False"):
+        _train(self.get_temp_dir() + '/refs', 16, 1, 'sgd',
+               tf1.losses.Reduction.MEAN, num_towers=num_towers,
+               use_resource=False, accumulation_steps=2)
+      return
+    accumulated, step = _train(
+        self.get_temp_dir() + '/k2', 16, 1, 'sgd', tf1.losses.Reduction.MEAN,
+        num_towers=num_towers, use_resource=False, accumulation_steps=2)
+    whole, _ = _train(self.get_temp_dir() + '/k1', 32, 1, 'sgd',
+                      tf1.losses.Reduction.MEAN, num_towers=num_towers,
+                      use_resource=False)
     self.assertEqual(1, step)
     for name, value in whole.items():
       self.assertAllClose(value, accumulated[name], rtol=1e-5, atol=1e-6,
