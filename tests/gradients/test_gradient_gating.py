@@ -580,9 +580,14 @@ def _sequence_model_fn(features, labels, mode, params):
   """Dense layers over [batch, time, units]: the output layer is a
   `tensordot`, whose `Transpose` of the kernel (identity permutation)
   forwards a reference variable's buffer on CPU. dX = dY . W^T reads the
-  kernel through it, not through a read of the variable."""
-  del params
-  with tf1.variable_scope('', use_resource=False):
+  kernel through it, not through a read of the variable.
+
+  `params` (optional) picks the optimizer, resource variables and
+  TowerOptimizer's settings: every path an update can take."""
+  params = dict({'optimizer': 'sgd', 'resource': False,
+                 'accumulation_steps': 1, 'compression': None},
+                **(params or {}))
+  with tf1.variable_scope('', use_resource=params['resource']):
     h = tf1.layers.dense(
         features['x'], 4, tf.tanh, name='h',
         kernel_initializer=tf1.glorot_uniform_initializer(seed=1))
@@ -590,9 +595,11 @@ def _sequence_model_fn(features, labels, mode, params):
         h, 2, name='out',
         kernel_initializer=tf1.glorot_uniform_initializer(seed=2))
   loss = tf.reduce_mean(tf.square(prediction - labels))
-  train_op = replicate.TowerOptimizer(
-      tf1.train.GradientDescentOptimizer(0.5)).minimize(
-          loss, tf1.train.get_global_step())
+  optimizer = replicate.TowerOptimizer(
+      _OPTIMIZER_FNS[params['optimizer']],
+      accumulation_steps=params['accumulation_steps'],
+      compression=params['compression'])
+  train_op = optimizer.minimize(loss, tf1.train.get_global_step())
   return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
@@ -649,25 +656,6 @@ class AliasedReadsTest(tf.test.TestCase, parameterized.TestCase):
       _assert_same_variables(self, one, four)
 
 
-def _paths_model_fn(features, labels, mode, params):
-  """`_sequence_model_fn` with the optimizer and TowerOptimizer's settings
-  of `params` (every path an update can take)."""
-  with tf1.variable_scope('', use_resource=params['resource']):
-    h = tf1.layers.dense(
-        features['x'], 4, tf.tanh, name='h',
-        kernel_initializer=tf1.glorot_uniform_initializer(seed=1))
-    prediction = tf1.layers.dense(
-        h, 2, name='out',
-        kernel_initializer=tf1.glorot_uniform_initializer(seed=2))
-  loss = tf.reduce_mean(tf.square(prediction - labels))
-  optimizer = replicate.TowerOptimizer(
-      _OPTIMIZER_FNS[params['optimizer']],
-      accumulation_steps=params['accumulation_steps'],
-      compression=params['compression'])
-  train_op = optimizer.minimize(loss, tf1.train.get_global_step())
-  return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
-
-
 def _variable_of(tensor):
   """The variable op a ref or handle comes from, through identities and
   control flow (a `RefSwitch` into a `cond`)."""
@@ -700,9 +688,7 @@ class UpdatePathsTest(tf.test.TestCase, parameterized.TestCase):
           'accumulation_steps': 2, 'resource': IS_TF2}),
   )
   def test_updates_wait_for_every_backward_read(self, settings):
-    params = dict({'optimizer': 'sgd', 'resource': False,
-                   'accumulation_steps': 1, 'compression': None},
-                  **settings)
+    params = dict(settings)
     placement = params.pop('placement',
                            replicate.VariablePlacement.CONSOLIDATION_DEVICE)
     build = params.pop('build', replicate.TowerBuild.CLONE)
@@ -711,7 +697,8 @@ class UpdatePathsTest(tf.test.TestCase, parameterized.TestCase):
     with graph.as_default():
       tf1.train.get_or_create_global_step()
       spec = replicate.replicate_model_fn(
-          _paths_model_fn, devices=mt.cpus(4), variable_placement=placement,
+          _sequence_model_fn, devices=mt.cpus(4),
+          variable_placement=placement,
           tower_build=build)(
               {'x': tf.constant(features['x'])}, tf.constant(labels),
               mt.TRAIN, params)
