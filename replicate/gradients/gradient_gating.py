@@ -11,7 +11,8 @@ every gradient the tower hands to `apply_gradients`, so for every backward
 op the step runs. The gradients themselves are not gated, so all-reducing
 them still overlaps back-propagation.
 
-`MirroredStrategy` replicas keep the `gate_gradients` given. Imports
+`MirroredStrategy` replicas, and towers of a `SyncReplicasOptimizer` (whose
+updates run outside the step), keep the `gate_gradients` given. Imports
 nothing of the package but `_compat`, `errors` and `core`.
 """
 import tensorflow as tf
@@ -39,13 +40,17 @@ def check_gate_gradients(kwargs):
         'GATE_GRAPH, got {!r}.'.format(gate_gradients))
 
 
-def tower_kwargs(kwargs):
+def tower_kwargs(optimizer, kwargs):
   """A tower's `compute_gradients` arguments: `GATE_OP` (the default) becomes
   `GATE_NONE`, since the update waits for the tower's barrier instead.
   `GATE_GRAPH` (every gradient computed before any is used, transforms
-  included) is kept."""
+  included) is kept, and so is any gate of a `SyncReplicasOptimizer`: its
+  updates run in its chief's queue runner, outside the step that the
+  barriers hold back; only TF's tuples tie its accumulators' inputs to the
+  backward reads."""
   gate = kwargs.get('gate_gradients', tf1.train.Optimizer.GATE_OP)
-  if gate == tf1.train.Optimizer.GATE_OP:
+  if (gate == tf1.train.Optimizer.GATE_OP and
+      not isinstance(optimizer, tf1.train.SyncReplicasOptimizer)):
     return dict(kwargs, gate_gradients=tf1.train.Optimizer.GATE_NONE)
   return kwargs
 

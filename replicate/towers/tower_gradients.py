@@ -74,7 +74,7 @@ def _tower_gradients(replication, optimizer, loss, var_list, kwargs):
     replication.gradient_losses.append(loss)
   return optimizer.compute_gradients(
       replication.scale_loss(loss), var_list=var_list,
-      **gradient_gating.tower_kwargs(kwargs))
+      **gradient_gating.tower_kwargs(optimizer, kwargs))
 
 
 def apply_gradients(replication, optimizer, grads_and_vars, global_step,

@@ -135,6 +135,9 @@ def _fused_ops(graph):
 _OPTIMIZER_FNS = {
     'sgd': lambda: tf1.train.GradientDescentOptimizer(0.5),
     'adam': lambda: tf1.train.AdamOptimizer(0.01),
+    'sync': lambda: tf1.train.SyncReplicasOptimizer(
+        tf1.train.GradientDescentOptimizer(0.5), replicas_to_aggregate=1,
+        total_num_replicas=1),
 }
 
 
@@ -732,6 +735,44 @@ class UpdatePathsTest(tf.test.TestCase, parameterized.TestCase):
     # input's gradient, not in the step).
     self.assertEqual(4, checked)
 
+  @parameterized.named_parameters(('cloned', replicate.TowerBuild.CLONE),
+                                  ('per_tower',
+                                   replicate.TowerBuild.CALL_PER_TOWER))
+  def test_sync_replicas_keeps_tfs_gates(self, tower_build):
+    # SyncReplicasOptimizer's updates run in its chief's queue runner, not
+    # in the step: a variable's update can start once its accumulator took
+    # the step's gradient. That apply must wait for every tower's backward
+    # reads of the variable, which TF's tuples (kept for it) make it do.
+    features, labels = _sequence_data()
+    graph = tf.Graph()
+    with graph.as_default():
+      tf1.train.get_or_create_global_step()
+      spec = replicate.replicate_model_fn(
+          _sequence_model_fn, devices=mt.cpus(4), tower_build=tower_build)(
+              {'x': tf.constant(features['x'])}, tf.constant(labels),
+              mt.TRAIN, {'optimizer': 'sync'})
+    self.assertNotEmpty([op.name for op in _tuple_gates(graph)
+                         if op.name.startswith('tower_1/')])
+    in_step = _ancestors([getattr(spec.train_op, 'op', spec.train_op)])
+    checked = 0
+    for apply_op in [op for op in graph.get_operations()
+                     if op.type.endswith('AccumulatorApplyGradient')]:
+      (take,) = [op for op in apply_op.inputs[0].consumers()
+                 if op.type.endswith('AccumulatorTakeGradient')]
+      (update,) = [op for op in graph.get_operations()
+                   if op.type == 'ApplyGradientDescent' and
+                   take.name in _ancestors([op])]
+      variable = collections.namedtuple('V', 'op')(
+          _variable_of(update.inputs[0]))
+      readers = [op for op in _backward_readers(variable)
+                 if op.name in in_step]
+      needed = _ancestors([apply_op])
+      self.assertFalse([op.name for op in readers if op.name not in needed],
+                       msg=variable.op.name)
+      checked += len(readers)
+    # h/ and out/kernel's dX in each of the 4 towers: GATE_OP's tuple puts
+    # the model input's gradient in the step, as on one device.
+    self.assertEqual(8, checked)
 
 if __name__ == '__main__':
   tf.test.main()
