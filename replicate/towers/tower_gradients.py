@@ -110,7 +110,7 @@ def apply_gradients(replication, optimizer, grads_and_vars, global_step,
     return _apply_replicated(replication, optimizer, [grads_and_vars],
                              global_step, name, settings)
   step_checks.check_unconditional(replication)
-  call_index = replication.record_optimizer_call(optimizer.get_name(),
+  call_index = replication.record_optimizer_call(_name_of(optimizer),
                                                  grads_and_vars)
   if replication.cloner is not None:
     tower_cloning.clone_optimizer_call(replication, call_index)
@@ -366,7 +366,7 @@ def _check_replicable(optimizer):
         'variable_placement=REPLICATED all-reduces the gradients itself; a '
         'SyncReplicasOptimizer ({}) aggregates them on parameter servers. '
         'Pass its wrapped optimizer to TowerOptimizer, or use '
-        'VariablePlacement.PARAMETER_SERVERS.'.format(optimizer.get_name()))
+        'VariablePlacement.PARAMETER_SERVERS.'.format(_name_of(optimizer)))
   if type(optimizer).apply_gradients is not tf1.train.Optimizer.apply_gradients:
     raise errors.InvalidArgumentError(
         'variable_placement=REPLICATED applies the gradients of every '
@@ -376,7 +376,16 @@ def _check_replicable(optimizer):
         'loss scale) would see N copies of each. Transform the gradients '
         'between TowerOptimizer.compute_gradients and apply_gradients, or '
         'use VariablePlacement.CONSOLIDATION_DEVICE.'.format(
-            optimizer.get_name(), type(optimizer).__name__))
+            _name_of(optimizer), type(optimizer).__name__))
+
+
+def _name_of(optimizer):
+  """The optimizer's name; its class's for one that never ran
+  `Optimizer.__init__` (TF 1.15 contrib's `LossScaleOptimizer`)."""
+  try:
+    return optimizer.get_name()
+  except AttributeError:
+    return type(optimizer).__name__
 
 
 def _tensors_of(gradients):

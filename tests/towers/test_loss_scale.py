@@ -115,6 +115,33 @@ class LossScaleTest(tf.test.TestCase, parameterized.TestCase):
     self.assertNotAllClose(_train(_model_fn(optimizer_fn), steps=0)['w'],
                            got['w'])
 
+  @parameterized.parameters(2, 4)
+  def test_contrib_loss_scale_optimizer_as_one_device(self, num_towers):
+    # TF 1.15 contrib's LossScaleOptimizer never runs Optimizer.__init__
+    # (no name): the towers still record and apply it. A fixed scale of 128
+    # scales the loss up and the gradients down: one device's SGD step.
+    if not hasattr(tf, 'contrib'):
+      self.skipTest('tf.contrib exists only in TF 1.x')
+    mixed_precision = tf.contrib.mixed_precision  # pylint: disable=no-member
+
+    def model_fn(features, labels, mode, params):
+      del params
+      w = tf1.get_variable('w', [3, 1], initializer=tf1.constant_initializer(
+          [[0.1], [0.2], [0.3]]))
+      loss = tf1.losses.mean_squared_error(
+          labels, tf.matmul(features['x'], w), weights=features['weight'])
+      optimizer = replicate.TowerOptimizer(mixed_precision.LossScaleOptimizer(
+          tf1.train.GradientDescentOptimizer(0.05),
+          mixed_precision.FixedLossScaleManager(128.0)))
+      return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=(
+          optimizer.minimize(loss, tf1.train.get_global_step())))
+
+    expected = _train(model_fn)
+    got = _train(model_fn, mt.cpus(num_towers))
+    self.assertEqual(3, got['global_step'])
+    self.assertAllClose(expected['w'], got['w'], rtol=1e-6, atol=1e-7)
+    self.assertNotAllClose(_train(model_fn, steps=0)['w'], got['w'])
+
   def test_loss_scale_optimizer_outside_is_an_error(self):
     # It would skip or apply the summed step by tower 0's gradients alone:
     # an inf in another tower's row would be applied.
