@@ -82,6 +82,14 @@ def _train(model_dir, batch_size, global_steps, optimizer, reduction,
           estimator.get_variable_value('global_step'))
 
 
+def _assert_same_variables(test, whole, accumulated):
+  """The variables after k micro-steps equal those after the whole batch,
+  within float rounding of the sums' order."""
+  for name, value in whole.items():
+    test.assertAllClose(value, accumulated[name], rtol=1e-5, atol=1e-6,
+                        msg=name)
+
+
 class AccumulationTest(parameterized.TestCase, tf.test.TestCase):
 
   @parameterized.named_parameters(
@@ -104,9 +112,7 @@ class AccumulationTest(parameterized.TestCase, tf.test.TestCase):
     # `steps=2` counts updates: 8 micro-steps advanced the global step twice.
     self.assertEqual(2, accumulated_step)
     self.assertEqual(2, whole_step)
-    for name, value in whole.items():
-      self.assertAllClose(value, accumulated[name], rtol=1e-5, atol=1e-6,
-                          msg=name)
+    _assert_same_variables(self, whole, accumulated)
     # Each update moves the variables, so the comparison can fail: after
     # one update they are elsewhere.
     one_update, _ = _train(self.get_temp_dir() + '/k1_once', 32, 1, optimizer,
@@ -132,9 +138,7 @@ class AccumulationTest(parameterized.TestCase, tf.test.TestCase):
                       tf1.losses.Reduction.MEAN, num_towers, tower_build,
                       input_dependency=True)
     self.assertEqual(2, step)
-    for name, value in whole.items():
-      self.assertAllClose(value, accumulated[name], rtol=1e-5, atol=1e-6,
-                          msg=name)
+    _assert_same_variables(self, whole, accumulated)
 
   def test_one_tower_accumulates_too(self):
     accumulated, step = _train(self.get_temp_dir() + '/k2', 16, 1, 'sgd',
@@ -143,9 +147,7 @@ class AccumulationTest(parameterized.TestCase, tf.test.TestCase):
     whole, _ = _train(self.get_temp_dir() + '/k1', 32, 1, 'sgd',
                       tf1.losses.Reduction.MEAN, num_towers=1)
     self.assertEqual(1, step)
-    for name, value in whole.items():
-      self.assertAllClose(value, accumulated[name], rtol=1e-5, atol=1e-6,
-                          msg=name)
+    _assert_same_variables(self, whole, accumulated)
 
   @parameterized.parameters(1, 2)
   def test_reference_variables(self, num_towers):
@@ -168,9 +170,7 @@ class AccumulationTest(parameterized.TestCase, tf.test.TestCase):
                       tf1.losses.Reduction.MEAN, num_towers=num_towers,
                       use_resource=False)
     self.assertEqual(1, step)
-    for name, value in whole.items():
-      self.assertAllClose(value, accumulated[name], rtol=1e-5, atol=1e-6,
-                          msg=name)
+    _assert_same_variables(self, whole, accumulated)
 
   def test_checkpoints_hold_no_accumulator(self):
     model_dir = self.get_temp_dir() + '/ckpt'
