@@ -220,6 +220,13 @@ def clear_attr(op, name):
   op._clear_attr(name)  # pylint: disable=protected-access
 
 
+def unregister_gradient(name):
+  """Takes `name` out of TF's gradient registry: `tf.RegisterGradient` has no
+  inverse (no public API). A name that is not there is ignored."""
+  from tensorflow.python.framework import ops  # pylint: disable=g-import-not-at-top
+  ops._gradient_registry._registry.pop(name, None)  # pylint: disable=protected-access
+
+
 def record_on_tape(name, outputs, inputs, backward):
   """Records on the active `GradientTape`s that `outputs` came from `inputs`,
   with `backward(*output_grads) -> input_grads` (what `tf.custom_gradient`

@@ -217,5 +217,73 @@ class MirroredAllReducePortabilityTest(tf.test.TestCase):
                         json.loads(result.stdout.strip().splitlines()[-1]))
 
 
+def _registered_gradients():
+  """The names in TF's gradient registry (TF-private, read by tests only)."""
+  from tensorflow.python.framework import ops  # pylint: disable=g-import-not-at-top
+  return set(ops._gradient_registry.list())  # pylint: disable=protected-access
+
+
+class GradientRegistryTest(tf.test.TestCase):
+  """Nothing the library registers with TF outlives the call that needs it."""
+
+  def test_import_registers_no_gradient(self):
+    child = ('from tensorflow.python.framework import ops\n'
+             'before = set(ops._gradient_registry.list())\n'
+             'import replicate\n'
+             'print(sorted(set(ops._gradient_registry.list()) - before))\n')
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2', CUDA_VISIBLE_DEVICES='')
+    result = subprocess.run(
+        [sys.executable, '-c', child], cwd=self.get_temp_dir(), env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        universal_newlines=True, timeout=300)
+    self.assertEqual(0, result.returncode, result.stderr[-3000:])
+    self.assertEqual('[]', result.stdout.strip().splitlines()[-1])
+
+  def test_all_reduce_gradient_is_registered_for_the_run_only(self):
+    # Replica i: y_i = (i + 1) * w_i; z = all-reduce of the y_i;
+    # loss_i = (i + 1) * z. Inside the run d loss_i / d w_i is (i + 1) times
+    # the all-reduce of the output gradients (1, 2): SUM 3 -> [3, 6],
+    # MEAN 1.5 -> [1.5, 3].
+    strategy = replicate.MirroredStrategy(
+        replicate.testing.virtual_cpu_devices(2))
+    before = _registered_gradients()
+    for reduce_op, expected in ((replicate.ReduceOp.SUM, [3.0, 6.0]),
+                                (replicate.ReduceOp.MEAN, [1.5, 3.0])):
+
+      def fn(reduce_op=reduce_op):
+        scale = 1.0 + tf.cast(
+            replicate.get_replica_context().replica_id_in_sync_group,
+            tf.float32)
+        z = replicate.get_replica_context().all_reduce(
+            reduce_op, scale * weights)
+        self.assertGreater(len(_registered_gradients() - before), 0)
+        return tf.gradients(scale * z, weights)[0]
+
+      with tf.Graph().as_default():
+        with strategy.scope():
+          weights = tf1.get_variable('w', [], initializer=tf1.ones_initializer())
+          grads = strategy.experimental_run_v2(fn)
+        self.assertEqual(before, _registered_gradients())
+        with tf1.Session(config=replicate.testing.virtual_cpu_config(2)) as sess:
+          sess.run(tf1.global_variables_initializer())
+          self.assertAllClose(expected, sess.run(list(strategy.unwrap(grads))))
+
+  def test_a_failed_run_unregisters_too(self):
+    strategy = replicate.MirroredStrategy(
+        replicate.testing.virtual_cpu_devices(2))
+    before = _registered_gradients()
+
+    def fn():
+      replicate.get_replica_context().all_reduce(
+          replicate.ReduceOp.SUM, tf.constant(1.0))
+      raise ValueError('replica function failed')
+
+    with tf.Graph().as_default():
+      with strategy.scope():
+        with self.assertRaisesRegex(ValueError, 'replica function failed'):
+          strategy.experimental_run_v2(fn)
+    self.assertEqual(before, _registered_gradients())
+
+
 if __name__ == '__main__':
   tf.test.main()

@@ -17,6 +17,7 @@ every other replica is released with an abort signal and joined, and the
 error is raised in the calling thread.
 """
 import contextlib
+import functools
 import numbers
 import sys
 import threading
@@ -26,7 +27,6 @@ import tensorflow as tf
 from replicate import _compat
 from replicate import errors
 from replicate._compat import tf1
-from replicate.core import reduce_util
 from replicate.cross_tower import values as values_lib
 from replicate.strategy import default_strategy
 from replicate.strategy import mirrored_copies
@@ -49,6 +49,7 @@ class Run(object):
     # (replica id, name) -> how many of replica 0's variables of that name
     # the replica has taken so far.
     self.taken = {}
+    self.all_reduce_gradients = AllReduceGradients()
 
 
 @contextlib.contextmanager
@@ -222,12 +223,13 @@ class MirroredReplicaContext(replica_context.ReplicaContext):
     # the variables its outputs depend on, walks into the other replicas and
     # fails on their copies of a mirrored variable.) Replicas build one at a
     # time (see the module docstring), so the graph's override map is this
-    # replica's while the op is made. The override is taken off again when
-    # `call_for_each_replica` returns (`release_gradient_overrides`).
+    # replica's while the op is made. The gradient is registered for this
+    # run only: `call_for_each_replica` takes it off the ops and out of TF's
+    # registry when it returns (`AllReduceGradients.release`).
     graph = tf1.get_default_graph()
-    with graph.gradient_override_map(
-        {'IdentityN': _ALL_REDUCE_GRADIENTS[reduce_op]}), tf.device(
-            self._thread.device):
+    gradient = self._thread.run_state.all_reduce_gradients.name(reduce_op)
+    with graph.gradient_override_map({'IdentityN': gradient}), tf.device(
+        self._thread.device):
       outputs = tf.identity_n(list(reduced) + flat, name='all_reduce')
     results = list(outputs[:len(flat)])
     # A `GradientTape` records ops of this thread only, so it cannot see
@@ -245,12 +247,54 @@ class MirroredReplicaContext(replica_context.ReplicaContext):
     return list(self.merge_call(merge_fn, args=(tensors,)))
 
 
-# The gradient of an all-sum is the all-sum of the output gradients; that of
-# an all-mean, their all-mean (each output is 1/n of every input).
-_ALL_REDUCE_GRADIENTS = {
-    reduce_util.ReduceOp.SUM: 'ReplicateAllReduceSum',
-    reduce_util.ReduceOp.MEAN: 'ReplicateAllReduceMean',
-}
+class AllReduceGradients(object):
+  """The all-reduce's gradient, registered with TF for one run only.
+
+  The gradient of an all-sum is the all-sum of the output gradients; that of
+  an all-mean, their all-mean (each output is 1/n of every input).
+  `MirroredReplicaContext._all_reduce` names it in a gradient override map
+  while the replicas are built. `release` takes the name off the run's ops
+  and out of TF's gradient registry: nothing the library registers outlives
+  `call_for_each_replica`, and no graph names it (a checkpoint's meta graph
+  differentiates where `replicate` is not imported). Names are unique per
+  run, so runs in other threads or nested in a merge keep theirs.
+  """
+
+  def __init__(self):
+    self._names = {}  # ReduceOp -> the name registered for this run
+
+  def name(self, reduce_op):
+    """The registered gradient name of `reduce_op`'s all-reduce."""
+    if reduce_op not in self._names:
+      name = 'ReplicateAllReduce{}_{:x}'.format(reduce_op.name.title(),
+                                                id(self))
+      tf1.RegisterGradient(name)(functools.partial(_registered_gradient,
+                                                   reduce_op))
+      self._names[reduce_op] = name
+    return self._names[reduce_op]
+
+  def release(self, ops):
+    """Takes this run's gradient off `ops` (the run's new ops) and out of
+    TF's registry. What is left of each all-reduce is a plain `IdentityN` of
+    the reduced tensors, whose TF gradient is the reduction's own: the
+    gradient of the whole graph's loss (for a sum over the replicas' losses,
+    the all-reduce of their gradients)."""
+    names = set(self._names.values())
+    try:
+      for op in ops:
+        if op.type != 'IdentityN':
+          continue
+        attr = op.node_def.attr.get(_GRADIENT_OP_TYPE)
+        if attr is not None and attr.s.decode() in names:
+          _compat.clear_attr(op, _GRADIENT_OP_TYPE)
+    finally:
+      for name in names:
+        _compat.unregister_gradient(name)
+      self._names.clear()
+
+
+def _registered_gradient(reduce_op, op, *grads):
+  return _all_reduce_gradient(reduce_op, op, grads)
 
 
 def _all_reduce_gradient(reduce_op, op, grads):
@@ -275,7 +319,7 @@ def _input_gradients(reduce_op, name, inputs, grads):
       `tf.gradients` of a replica's result taken in a merge function): the
       other replicas' gradients are not there to add. (Once
       `call_for_each_replica` returns, the op no longer names this gradient:
-      `release_gradient_overrides`.)
+      `AllReduceGradients.release`.)
   """
   context = default_strategy.get_replica_context()
   if not isinstance(context, MirroredReplicaContext):
@@ -298,35 +342,6 @@ def _input_gradients(reduce_op, name, inputs, grads):
                               context.all_reduce(reduce_op, upstream)):
       input_grads[position] = grad
   return input_grads
-
-
-@tf1.RegisterGradient(_ALL_REDUCE_GRADIENTS[reduce_util.ReduceOp.SUM])
-def _all_sum_gradient(op, *grads):
-  return _all_reduce_gradient(reduce_util.ReduceOp.SUM, op, grads)
-
-
-@tf1.RegisterGradient(_ALL_REDUCE_GRADIENTS[reduce_util.ReduceOp.MEAN])
-def _all_mean_gradient(op, *grads):
-  return _all_reduce_gradient(reduce_util.ReduceOp.MEAN, op, grads)
-
-
-def release_gradient_overrides(ops):
-  """Takes the all-reduce's gradient override off `ops` (the run's new ops).
-
-  Called when `call_for_each_replica` returns: only the replicas can build
-  that gradient (`_input_gradients`), and a graph naming it could not be
-  differentiated where `replicate` is not imported (a checkpoint's meta
-  graph). What is left is a plain `IdentityN` of the reduced tensors, whose
-  TF gradient is the reduction's own: the gradient of the whole graph's loss
-  (for a sum over the replicas' losses, the all-reduce of their gradients).
-  """
-  names = set(_ALL_REDUCE_GRADIENTS.values())
-  for op in ops:
-    if op.type != 'IdentityN':
-      continue
-    attr = op.node_def.attr.get(_GRADIENT_OP_TYPE)
-    if attr is not None and attr.s.decode() in names:
-      _compat.clear_attr(op, _GRADIENT_OP_TYPE)
 
 
 # The attribute `gradient_override_map` sets (TF's name).

@@ -107,8 +107,7 @@ def call_for_each_replica(strategy, devices, fn, args, kwargs, make_creator,
     return results
   finally:
     loop.stop(run)
-    mirrored_run.release_gradient_overrides(
-        graph.get_operations()[first_op:])
+    run.all_reduce_gradients.release(graph.get_operations()[first_op:])
 
 
 class _Loop(object):
