@@ -176,9 +176,13 @@ def build(model_fn, features, labels, mode, params, config, placement,
         if replicated is not None:
           replicated.make_copies(cloner)
         if mode == ModeKeys.EVAL:
+          # A hand-made metric's state outside `METRIC_VARIABLES` is the
+          # copies' own too, as a call's `tf.Variable` would be, and is
+          # checked to sum (a shared one would take racing writes).
           more_specs, metric_variables = output_copies.copied_eval_specs(
               cloner, replication, specs[0], unscaled_loss, collections,
-              metric_variables[0])
+              _in_creation_order(graph, metric_variables[0] + (
+                  _written_by_metrics(specs[0], new_locals[0]))))
         else:
           more_specs = output_copies.copied_predict_specs(
               cloner, num_towers, specs[0])
@@ -219,10 +223,7 @@ def _add_metric_locals(graph, specs, metric_variables, new_locals):
   made anew that its metrics' updates write (a hand-made metric's state made
   outside `METRIC_VARIABLES`), so that the merge adds them up as a copy's
   writes of tower 0's add up; those every tower shares need no merge."""
-  cones = [op_kinds.backward_cone(
-      getattr(update, 'op', update)
-      for _, update in (spec.eval_metric_ops or {}).values())
-           for spec in specs]
+  cones = [_metric_cone(spec) for spec in specs]
   for tower_id, (variables, made) in enumerate(
       zip(metric_variables, new_locals)):
     # Tower 0 makes those `get_variable` shares with the other towers.
@@ -230,6 +231,19 @@ def _add_metric_locals(graph, specs, metric_variables, new_locals):
         v for v in made if op_kinds.variable_writes(v.op, cones[tower_id])
         and not (tower_id == 0 and
                  op_kinds.variable_writes(v.op, cones[1]))]))
+
+
+def _metric_cone(spec):
+  """The ops `spec`'s metric update ops depend on."""
+  return op_kinds.backward_cone(
+      getattr(update, 'op', update)
+      for _, update in (spec.eval_metric_ops or {}).values())
+
+
+def _written_by_metrics(spec, variables):
+  """Those of `variables` that `spec`'s metric update ops write."""
+  cone = _metric_cone(spec)
+  return [v for v in variables if op_kinds.variable_writes(v.op, cone)]
 
 
 def _static_rows(split):

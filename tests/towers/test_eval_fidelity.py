@@ -116,6 +116,14 @@ def _running_max(features, classes, logits):
                                              tf.reduce_max(features['x'])))
 
 
+def _local_running_max(features, classes, logits):
+  del classes, logits
+  total = _metric_variable('running_max',
+                           collections=[tf1.GraphKeys.LOCAL_VARIABLES])
+  return total, tf1.assign(total, tf.maximum(total,
+                                             tf.reduce_max(features['x'])))
+
+
 def _max_by_addition(features, classes, logits):
   # A running maximum written as an addition: the amount reads the state.
   del classes, logits
@@ -282,6 +290,24 @@ class LocalStateMetricsTest(parameterized.TestCase, tf.test.TestCase):
     self.assertAllClose(np.sum(_data()[0]['weights']),
                         actual['weight_total'], rtol=1e-6)
 
+  def test_copies_write_state_of_their_own(self):
+    # Graph only: every copied tower's update writes a variable of its own
+    # (no two towers' AssignAdds race on one), which the merge adds up.
+    features, classes = _data()
+    with tf.Graph().as_default():
+      spec = replicate.replicate_model_fn(
+          _model_fn(_local_state_metrics),
+          loss_reduction=tf1.losses.Reduction.SUM,
+          devices=replicate.testing.virtual_cpu_devices(_NUM_TOWERS))(
+              {k: tf.constant(v[:_BATCH]) for k, v in features.items()},
+              tf.constant(classes[:_BATCH]), tf1.estimator.ModeKeys.EVAL)
+      del spec
+      names = sorted(v.op.name for v in tf1.local_variables())
+    for name in ('weighted_x', 'weight_total', 'class_histogram'):
+      self.assertEqual(
+          _NUM_TOWERS, len([n for n in names if n.endswith(name)]),
+          msg='{} in {}'.format(name, names))
+
 
 class AddMetricsTest(parameterized.TestCase, tf.test.TestCase):
   """`tf.estimator.add_metrics` reads the merged spec's predictions."""
@@ -362,6 +388,18 @@ class NotASumTest(parameterized.TestCase, tf.test.TestCase):
         r'tf\.compat\.v1\.metrics.*'
         r'or evaluate on one device'):
       _evaluate(_running_max,
+                replicate.testing.virtual_cpu_devices(_NUM_TOWERS),
+                tower_build)
+
+  @parameterized.parameters(replicate.TowerBuild.CLONE,
+                            replicate.TowerBuild.CALL_PER_TOWER)
+  def test_running_max_in_local_variables_only_is_refused(self, tower_build):
+    # Before: copies wrote tower 0's variable, all 4 racing, silently.
+    with self.assertRaisesRegex(
+        errors.InvalidArgumentError,
+        r"Metric 'custom' cannot be reduced across towers: its update op "
+        r'writes metric variable running_max with Assign(VariableOp)? '):
+      _evaluate(_local_running_max,
                 replicate.testing.virtual_cpu_devices(_NUM_TOWERS),
                 tower_build)
 
