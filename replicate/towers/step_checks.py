@@ -14,6 +14,9 @@ another one than one device's, silently, and are refused here:
 - towers built by their own `model_fn` calls, each with state of its own
   that the update writes (a dynamic loss scale): only the applying tower's
   is written, and the other towers go on reading theirs.
+- under `Reduction.SUM`, a term of a tower's loss that reads none of the
+  tower's rows (a penalty of the variables added to the loss): every tower
+  adds its loss unscaled, so the term counts once per tower.
 - towers built by calls that each add a regularization loss
   (`tf.compat.v1.losses.add_loss(..., loss_collection=REGULARIZATION_LOSSES)`
   inside `model_fn`): every tower sees tower 0's regularization losses, so
@@ -108,6 +111,84 @@ def check_gradients_computed(replication, grads_and_vars):
               getattr(variable, 'name', variable), replication.tower.tower_id,
               replication.num_towers, replication.num_towers,
               replication.num_towers))
+
+
+# Ops whose output is the sum (or difference) of their inputs' terms.
+_TERM_OPS = frozenset(['Add', 'AddV2', 'AddN', 'Sub', 'Identity'])
+
+
+def check_terms_read_rows(replication, tower_id, loss, regularization):
+  """Raises if, under `Reduction.SUM`, a term of a tower's loss reads none
+  of the tower's rows.
+
+  Every tower's loss is added unscaled under `SUM`, so a term that does not
+  come from the tower's shard (`loss = ce + 0.01 * tf.nn.l2_loss(w)`, or
+  `tf.compat.v1.losses.add_loss` of such a penalty) counts once per tower,
+  where one device counts it once (contrib did the same, silently); tower
+  0's terms are checked where the other towers copy them. Terms
+  are what `Add`, `AddN` and `Sub` sum; regularization losses are exempt:
+  only tower 0 counts them under `SUM` (tower_collections.py). A constant
+  zero (`get_regularization_loss()` where there is none) changes nothing.
+
+  Args:
+    replication: the `tower_context.Replication` being built.
+    tower_id: the tower whose `model_fn` call returned `loss`.
+    loss: that loss, unscaled.
+    regularization: the `REGULARIZATION_LOSSES` entries the tower sees.
+
+  Raises:
+    InvalidArgumentError: naming the term, the towers and the fixes.
+  """
+  if (loss is None or replication.num_towers == 1 or
+      replication.loss_reduction != tf1.losses.Reduction.SUM):
+    return
+  inputs = set(t.op for t in replication.tower_inputs if t is not None)
+  if not inputs:
+    return
+  # A variable's regularizer is read again by each read of TF 2's lazy
+  # collection entry, under `<variable>/Regularizer/`; other entries are
+  # tensors.
+  skipped = set(item.op for item in regularization
+                if isinstance(item, (tf.Tensor, tf1.Operation)))
+  for term in _terms(loss, skipped):
+    if 'Regularizer' in term.op.name.split('/'):
+      continue
+    if inputs & op_kinds.backward_cone([term.op]):
+      continue
+    value = tf.get_static_value(term)
+    if value is not None and not value.any():
+      continue
+    raise errors.InvalidArgumentError(
+        'loss_reduction is Reduction.SUM, so the {n} towers\' losses are '
+        'added unscaled, and the term {term} of the loss of tower {tower} '
+        'reads none of the tower\'s rows (a penalty of the variables, or '
+        'tf.compat.v1.losses.add_loss of one): every tower whose loss has it '
+        'counts it again ({n} times when every tower does), where one device '
+        'counts it once. Make it a regularizer of '
+        'its variable (tf.compat.v1.get_variable(regularizer=...), a layer\'s '
+        'kernel_regularizer) read through tf.compat.v1.losses.'
+        'get_regularization_loss(), which only tower 0 counts under SUM; or '
+        'add it in tower 0 only (replicate.get_tower_context()'
+        '.is_first_tower); or use a mean loss_reduction.'.format(
+            n=replication.num_towers, term=term.name, tower=tower_id))
+
+
+def _terms(loss, skipped):
+  """The tensors `loss` adds up (through `_TERM_OPS`), less `skipped` ops."""
+  terms = []
+  seen = set()
+  pending = [loss]
+  while pending:
+    tensor = pending.pop()
+    op = tensor.op
+    if op in skipped or op in seen:
+      continue
+    seen.add(op)
+    if op.type in _TERM_OPS:
+      pending.extend(op.inputs)
+    else:
+      terms.append(tensor)
+  return terms
 
 
 def check_regularization_counted_once(replication, tower_id, loss, first,

@@ -137,6 +137,9 @@ def build(model_fn, features, labels, mode, params, config, placement,
               spec, loss=replication.scale_loss(spec.loss))
         replication.cloner = None
         if tower_id:
+          # (Tower 0's terms are checked where its towers are copies: a
+          # call may add a term in tower 0 only.)
+          _check_terms(replication, tower_id, unscaled_loss, collections)
           step_checks.check_regularization_counted_once(
               replication, tower_id, unscaled_loss,
               collections.added(0, _REGULARIZATION),
@@ -156,6 +159,7 @@ def build(model_fn, features, labels, mode, params, config, placement,
           continue
         if mode == ModeKeys.TRAIN:
           if replication.towers_cloned:
+            _check_terms(replication, 0, unscaled_loss, collections)
             specs.extend(tower_cloning.copied_specs(
                 cloner, replication, specs[0], unscaled_loss, collections))
             metric_variables.extend([] for _ in range(1, num_towers))
@@ -173,6 +177,7 @@ def build(model_fn, features, labels, mode, params, config, placement,
           _check_copied(replicated, per_tower_reason)
           tower_cloning.warn_not_cloned(per_tower_reason)
           continue
+        _check_terms(replication, 0, unscaled_loss, collections)
         if replicated is not None:
           replicated.make_copies(cloner)
         if mode == ModeKeys.EVAL:
@@ -216,6 +221,14 @@ def build(model_fn, features, labels, mode, params, config, placement,
           collections.added(tower_collections.UPDATE_TOWER_ID,
                             tf1.GraphKeys.UPDATE_OPS), spec.train_op)
     return _with_sync_hook(spec, mode, replicated)
+
+
+def _check_terms(replication, tower_id, loss, collections):
+  """`step_checks.check_terms_read_rows` of a tower's loss."""
+  step_checks.check_terms_read_rows(
+      replication, tower_id, loss,
+      replication.graph.get_collection(_REGULARIZATION) +
+      collections.added(tower_id, _REGULARIZATION))
 
 
 def _add_metric_locals(graph, specs, metric_variables, new_locals):

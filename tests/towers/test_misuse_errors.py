@@ -403,6 +403,81 @@ class ModelFnErrorsTest(tf.test.TestCase, parameterized.TestCase):
     self.assertAllClose(results[0]['w'], results[1]['w'], rtol=1e-6,
                         atol=1e-6)
 
+  @parameterized.named_parameters(
+      ('copies', {}),
+      ('calls', {'tower_build': replicate.TowerBuild.CALL_PER_TOWER}),
+      ('replicated',
+       {'variable_placement': replicate.VariablePlacement.REPLICATED}))
+  def test_sum_of_a_term_without_rows(self, kwargs):
+    # Under SUM each tower's loss is added unscaled: the penalty |w|_1,
+    # read from no row, would count once per tower (4 times), where one
+    # device counts it once. Before: w moved by 4 x 0.1 x sign(w) more than
+    # one device's, silently (contrib too). Copies are refused at tower 0's
+    # term, calls at tower 1's (tower 0 may add a term alone).
+    def model_fn(features, labels, mode):
+      w = tf1.get_variable('w', [3, 1], initializer=(
+          tf1.constant_initializer([[0.5], [-0.25], [1.0]])))
+      tf1.losses.mean_squared_error(labels, tf.matmul(features['x'], w),
+                                    reduction=tf1.losses.Reduction.SUM)
+      tf1.losses.add_loss(tf.reduce_sum(tf.abs(w), name='l1'))
+      loss = tf1.losses.get_total_loss()
+      return _spec(mode, loss, replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1)).minimize(
+              loss, tf1.train.get_global_step()))
+
+    with self.assertRaisesRegex(
+        ValueError,
+        r"loss_reduction is Reduction.SUM, so the 4 towers' losses are added "
+        r'unscaled, and the term (l1:0 of the loss of tower 0|tower_1/l1:0 '
+        r'of the loss of tower 1) reads none of '
+        r"the tower's rows .*every tower whose loss has it counts it again "
+        r'\(4 times when every tower does\), where one device counts it '
+        r'once\. Make it a regularizer of its variable'):
+      _train_estimator(model_fn, mt.cpus(4),
+                       loss_reduction=tf1.losses.Reduction.SUM, **kwargs)
+
+  def test_sum_of_a_penalty_the_ways_out(self):
+    # The ways out the message names equal one device's step on the whole
+    # batch: the penalty as the variable's regularizer (towers fall back to
+    # calls, and only tower 0 counts it under SUM), or added in tower 0
+    # only.
+    def model_fn_of(way):
+      def model_fn(features, labels, mode):
+        regularizer = (lambda w: tf.reduce_sum(tf.abs(w))) if (
+            way == 'regularizer') else None
+        w = tf1.get_variable('w', [3, 1], regularizer=regularizer,
+                             initializer=(tf1.constant_initializer(
+                                 [[0.5], [-0.25], [1.0]])))
+        loss = tf1.losses.mean_squared_error(
+            labels, tf.matmul(features['x'], w),
+            reduction=tf1.losses.Reduction.SUM)
+        if way == 'regularizer':
+          loss += tf1.losses.get_regularization_loss()
+        elif (replicate.get_tower_context() is None or
+              replicate.get_tower_context().is_first_tower):
+          loss += tf.reduce_sum(tf.abs(w))
+        return _spec(mode, loss, replicate.TowerOptimizer(
+            tf1.train.GradientDescentOptimizer(0.1)).minimize(
+                loss, tf1.train.get_global_step()))
+      return model_fn
+
+    features, labels = mt.data()
+    for way in ('regularizer', 'first_tower'):
+      results = []
+      for devices in (None, mt.cpus(4)):
+        with tf.Graph().as_default():
+          tf1.train.get_or_create_global_step()
+          model_fn = model_fn_of(way)
+          if devices:
+            model_fn = replicate.replicate_model_fn(
+                model_fn, devices=devices,
+                loss_reduction=tf1.losses.Reduction.SUM)
+          spec = model_fn({'x': tf.constant(features['x'])},
+                          tf.constant(labels), mt.TRAIN)
+          results.append(mt.run_spec(spec, mt.TRAIN))
+      self.assertAllClose(results[0]['w'], results[1]['w'], rtol=1e-6,
+                          atol=1e-6, msg=way)
+
   def test_regularization_added_by_a_custom_getter(self):
     # The same term, added by a custom getter each time it is asked for w.
     # get_variable clears the name scope while the getter runs, so the
