@@ -8,6 +8,7 @@ per-batch value (one term per call: `tf.metrics.mean(loss)`), only when the
 towers' shards are equal, which `even_rows_checks` asserts when a step runs
 where rows are counted at run time (`per_batch_metrics` finds them).
 """
+import numpy as np
 import tensorflow as tf
 
 from replicate import errors
@@ -57,6 +58,8 @@ _ADDITIVE_WRITES = frozenset([
     'ResourceScatterNdSub'])
 # Ops reducing their first input: from a scalar, one term per call.
 _REDUCTIONS = frozenset(['Sum', 'Mean', 'Prod', 'Max', 'Min', 'Size'])
+# Reductions along given axes (their second input).
+_AXIS_REDUCTIONS = frozenset(['Sum', 'Mean', 'Prod', 'Max', 'Min'])
 # Ops whose outputs describe a tensor's shape, not the batch's values.
 _SHAPE_OPS = frozenset(['Shape', 'ShapeN', 'Size', 'Rank'])
 
@@ -143,7 +146,7 @@ def _amount_inputs(write):
 
 
 def per_batch_metrics(metrics, metric_variables, inputs):
-  """`{key: value}`: tower 0's metrics that add one term per call.
+  """`{key: reduced}`: tower 0's metrics that add one term per call.
 
   A write of such a metric adds an amount reduced (`Sum`, `Size`, ...) from
   a value of the batch as a whole, e.g. `tf.metrics.mean(loss)`: its total
@@ -158,6 +161,12 @@ def per_batch_metrics(metrics, metric_variables, inputs):
   A metric that adds a constant to one variable (a count of 1, or of ones
   the shape of a static value: `tf.metrics.mean_tensor`) while its other
   writes read the batch adds one term per call too.
+
+  A value whose static shape is not known is one where a reduction took
+  away dimension 0 (`tf.reduce_mean(x, 0)` of an `x` of unknown columns):
+  that was the rows where its input's dimension 0 is the tower's rows,
+  which only the step knows (a time-major sequence has time there). For
+  those, `reduced` is that input; for the others, None.
   """
   cone = op_kinds.backward_cone(
       [_op(update) for _, update in metrics.values()])
@@ -165,26 +174,27 @@ def per_batch_metrics(metrics, metric_variables, inputs):
   batch_ops = _reads_of(input_ops, cone) | input_ops
   reads_batch = lambda tensor: tensor.op in batch_ops
   found = {}
-  constant_writes = {}  # metric key -> a write that reads no batch
+  constant_writes = set()  # metric keys with a write that reads no batch
   batch_writes = set()  # metric keys with a write that reads the batch
   for variable in metric_variables:
     for write in op_kinds.variable_writes(variable.op, cone):
       key = _metric_key([metrics], write)
-      value = _reduced_per_batch(write)
+      value, reduced = _reduced_per_batch(write)
       if value is not None and reads_batch(value):
-        found.setdefault(key, value)
+        found.setdefault(key, reduced)
       if any(reads_batch(t) for t in _amount_inputs(write)):
         batch_writes.add(key)
       else:
-        constant_writes.setdefault(key, write.inputs[1])
-  for key in batch_writes:
-    if key in constant_writes:
-      found.setdefault(key, constant_writes[key])
+        constant_writes.add(key)
+  for key in batch_writes & constant_writes:
+    found[key] = None
   return found
 
 
 def _reduced_per_batch(write):
-  """The first per-batch value that a write's amount is reduced from."""
+  """`(value, reduced)`: the first per-batch value that a write's amount is
+  reduced from, and None or what took its rows away (`per_batch_metrics`);
+  `(None, None)` where there is none."""
   pending = list(_amount_inputs(write))
   seen = set()
   while pending:
@@ -193,10 +203,32 @@ def _reduced_per_batch(write):
       continue
     seen.add(op)
     if op.type in _REDUCTIONS:
-      if _is_per_batch(op.inputs[0]):
-        return op.inputs[0]
+      value = op.inputs[0]
+      if _is_per_batch(value):
+        return value, None
+      reduced = _first_dimension_reduced(value)
+      if reduced is not None:
+        return value, reduced
       continue  # a reduction of rows, or of a tensor of unknown rank
     pending.extend(t for t in op.inputs if not op_kinds.is_variable(t))
+  return None, None
+
+
+def _first_dimension_reduced(tensor):
+  """The input of the reduction over dimension 0 that made `tensor` (through
+  identities and casts), or None."""
+  op = tensor.op
+  while op.type in ('Identity', 'Cast'):
+    op = op.inputs[0].op
+  if op.type not in _AXIS_REDUCTIONS:
+    return None
+  axes = tf.get_static_value(op.inputs[1])
+  if axes is None:
+    return None
+  rank = op.inputs[0].shape.ndims
+  axes = set(np.atleast_1d(axes).tolist())
+  if 0 in axes or (rank is not None and -rank in axes):
+    return op.inputs[0]
   return None
 
 
@@ -216,22 +248,41 @@ def even_rows_checks(per_batch, tower_rows, device):
   """
   if not per_batch:
     return []
-  num_towers = len(tower_rows)
-  with tf1.device(device), tf1.name_scope('per_batch_metric_check'):
-    return [tf1.assert_equal(
-        tower_rows[0], tower_rows[-1],
-        data=['Rows per tower:'] + list(tower_rows),
-        message=(
-            'Metrics {} take a per-batch value (a value of the batch as a '
-            'whole, such as its loss), so each of the {} towers adds one '
-            'term for its shard: one device\'s value only when the shards are '
-            'equal, and this batch does not divide by {}. Make every '
-            'evaluation batch a multiple of {} rows (e.g. batch(..., '
-            'drop_remainder=True)), or '
-            'compute these metrics from per-row values (e.g. '
-            'tf.compat.v1.metrics.mean of the per-example losses, from '
-            'Reduction.NONE).'.format(sorted(per_batch), num_towers,
-                                      num_towers, num_towers)))]
+  checks = []
+  with tf1.name_scope('per_batch_metric_check'):
+    sure = sorted(key for key, reduced in per_batch.items() if reduced is None)
+    if sure:
+      with tf1.device(device):
+        checks.append(tf1.assert_equal(
+            tower_rows[0], tower_rows[-1],
+            data=['Rows per tower:'] + list(tower_rows),
+            message=_per_batch_message(sure, len(tower_rows))))
+    for key, reduced in sorted(per_batch.items()):
+      if reduced is None:
+        continue
+      # Where the value is made: only its first dimension crosses devices.
+      with tf1.colocate_with(reduced.op, ignore_existing=True):
+        first = tf.shape(reduced, out_type=tower_rows[0].dtype)[0]
+      with tf1.device(device):
+        checks.append(tf1.assert_equal(
+            tf.logical_or(tf.equal(tower_rows[0], tower_rows[-1]),
+                          tf.not_equal(first, tower_rows[0])), True,
+            data=['Rows per tower:'] + list(tower_rows),
+            message=_per_batch_message([key], len(tower_rows))))
+  return checks
+
+
+def _per_batch_message(keys, num_towers):
+  return (
+      'Metrics {} take a per-batch value (a value of the batch as a '
+      'whole, such as its loss), so each of the {} towers adds one '
+      'term for its shard: one device\'s value only when the shards are '
+      'equal, and this batch does not divide by {}. Make every '
+      'evaluation batch a multiple of {} rows (e.g. batch(..., '
+      'drop_remainder=True)), or '
+      'compute these metrics from per-row values (e.g. '
+      'tf.compat.v1.metrics.mean of the per-example losses, from '
+      'Reduction.NONE).'.format(keys, num_towers, num_towers, num_towers))
 
 
 def _starts_at_zero(variable):

@@ -624,5 +624,81 @@ class PerBatchMetricTest(tf.test.TestCase):
                             if op.name.startswith('per_batch_metric_check')])
 
 
+def _unknown_shape_model_fn(features, labels, mode, params):
+  """Metrics of values whose static shape is unknown ([None]): the column
+  means of the batch (per batch), and the rows' means read from a
+  columns-major copy (per row, as a time-major sequence's)."""
+  prediction = tf1.layers.dense(
+      features['x'], 1, kernel_initializer=tf1.glorot_uniform_initializer(
+          seed=2), name='out')
+  loss = tf.reduce_mean(tf1.losses.mean_squared_error(
+      labels, prediction, reduction=Reduction.NONE))
+  x = features['x'] * prediction
+  wide = tf.reshape(x, tf.stack([tf.shape(x)[0], -1]))  # [None, None]
+  metrics = {
+      'row_means': tf1.metrics.mean(tf.reduce_mean(tf.transpose(wide), 0)),
+      'rows': tf1.metrics.mean(tf.reshape(wide, [-1])),
+  }
+  if params['column_means']:
+    metrics['column_means'] = tf1.metrics.mean(tf.reduce_mean(wide, 0))
+  return tf1.estimator.EstimatorSpec(mode, loss=loss,
+                                     eval_metric_ops=metrics)
+
+
+class UnknownShapePerBatchMetricTest(parameterized.TestCase,
+                                     tf.test.TestCase):
+  """A per-batch value of unknown static shape: found at run time, where a
+  reduction took away a dimension 0 that was the tower's rows."""
+
+  def _evaluate(self, size, batch, column_means, **kwargs):
+    model_dir = self.get_temp_dir() + '/' + self.id().split('.')[-1]
+    params = {'column_means': column_means}
+    with tf.Graph().as_default():
+      tf1.train.get_or_create_global_step()
+      _unknown_shape_model_fn({'x': tf1.placeholder(tf.float32, [None, 3])},
+                              tf1.placeholder(tf.float32, [None, 1]), EVAL,
+                              params)
+      with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        checkpoint = tf1.train.Saver().save(sess, model_dir + '/start')
+    results = []
+    for devices in (None, replicate.testing.virtual_cpu_devices(TOWERS)):
+      model_fn = _unknown_shape_model_fn if devices is None else (
+          replicate.replicate_model_fn(_unknown_shape_model_fn,
+                                       devices=devices, **kwargs))
+      results.append(tf1.estimator.Estimator(
+          model_fn, config=_config(model_dir), params=params).evaluate(
+              _input_fn(size, batch), checkpoint_path=checkpoint,
+              name=str(len(results))))
+    return results
+
+  @parameterized.named_parameters(
+      ('copies', {}),
+      ('calls', {'tower_build': replicate.TowerBuild.CALL_PER_TOWER}))
+  def test_uneven_batch_fails_naming_the_metric(self, kwargs):
+    # 7 rows in batches of 4 and 3: [1, 1, 1, 1], then [1, 1, 1, 0]. Before:
+    # the towers' column means were averaged as 3 terms and NaN, silently.
+    with self.assertRaisesRegex(
+        tf.errors.InvalidArgumentError,
+        r'Metrics \[\W*column_means\W+ take a per-batch value'):
+      self._evaluate(7, 4, True, **kwargs)
+
+  def test_even_batches_equal_one_device(self):
+    # 16 rows in batches of 8: 2 rows per tower, each tower's column means
+    # are a quarter of the batch's terms.
+    expected, actual = self._evaluate(16, 8, True)
+    for key in expected:
+      self.assertAllClose(expected[key], actual[key], rtol=1e-6, msg=key)
+
+  def test_per_row_values_of_unknown_shape_pass(self):
+    # The row means reduce dimension 0 of a [3, rows] tensor: 3 is not the
+    # tower's rows (1 or 2: 10 rows in batches of 6 and 4, towers of
+    # [2, 2, 1, 1] and [1, 1, 1, 1]), so nothing is refused, and every
+    # row counts once, as on one device.
+    expected, actual = self._evaluate(10, 6, False)
+    for key in expected:
+      self.assertAllClose(expected[key], actual[key], rtol=1e-6, msg=key)
+
+
 if __name__ == '__main__':
   tf.test.main()
