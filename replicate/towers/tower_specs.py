@@ -11,6 +11,7 @@ from replicate._compat import RegressionOutput
 from replicate._compat import tf1
 from replicate.gradients import gradient_aggregation
 from replicate.towers import metric_merge
+from replicate.towers import metric_terms
 from replicate.towers import tower_collections
 
 
@@ -82,7 +83,7 @@ def eval_spec(tower_specs, tower_metric_variables, aggregation_device,
   A metric of a per-batch value (`tf.metrics.mean(loss)`) adds one term per
   tower instead of one per batch: that is one device's value only when the
   towers' shards are equal, so where rows are counted at run time a step
-  whose towers differ in rows fails (see `metric_merge.per_batch_metrics`).
+  whose towers differ in rows fails (see `metric_terms.per_batch_metrics`).
 
   Args:
     tower_specs: the towers' `EstimatorSpec`s, losses already scaled.
@@ -122,8 +123,8 @@ def eval_spec(tower_specs, tower_metric_variables, aggregation_device,
   metric_merge.check_summable(metrics, tower_metric_variables)
   update_ops = [op for m in metrics for _, (_, op) in sorted(m.items())]
   if tower_rows is not None:
-    update_ops += metric_merge.even_rows_checks(
-        metric_merge.per_batch_metrics(metrics[0], tower_metric_variables[0],
+    update_ops += metric_terms.even_rows_checks(
+        metric_terms.per_batch_metrics(metrics[0], tower_metric_variables[0],
                                        first_inputs),
         tower_rows, aggregation_device)
   with tf1.control_dependencies(update_ops):
