@@ -1,17 +1,24 @@
-"""What each write of a metric adds per call: one term per call, or terms of
-the tower's rows.
+"""What each write of a metric adds per call: a sum over the tower's rows, or
+one term per call.
 
-The merge (metric_merge.py) adds the towers' metric variables. A metric
-that adds one term per call (a per-batch value: `tf.metrics.mean(loss)`; a
-constant count) gains one term per tower where one device gains one per
-batch: one device's value when the shards are equal, which
-`even_rows_checks` asserts for the metrics `per_batch_metrics` finds.
+The merge (metric_merge.py) adds the towers' metric variables. A write whose
+amount is a sum over the rows (`tf.metrics.mean(per_row)`'s total and count)
+adds up over the towers to one device's; a write that adds one term per call
+(a per-batch value: `tf.metrics.mean(loss)`; a constant count) gains one
+term per tower where one device gains one per batch. A metric made only of
+the latter is one device's value when the shards are equal
+(`per_batch_metrics`, `even_rows_checks`); a metric whose value reads both is
+not, on any batch (refused by `per_batch_metrics`).
 
-Only asked where rows are counted at run time (batch_split.py).
+Only asked where rows are counted at run time, where a tensor's unknown
+dimensions are the tower's rows (batch_split.py).
 """
+import enum
+
 import numpy as np
 import tensorflow as tf
 
+from replicate import errors
 from replicate._compat import tf1
 from replicate.core import op_kinds
 
@@ -69,31 +76,108 @@ def per_batch_metrics(metrics, metric_variables, inputs):
   that was the rows where its input's dimension 0 is the tower's rows,
   which only the step knows (a time-major sequence has time there). For
   those, `reduced` is that input; for the others, None.
+
+  Raises:
+    InvalidArgumentError: where a metric's value reads both a sum over the
+      rows and a term per call (`_check_row_sums_alone`).
   """
+  writes = list(_writes(metrics, metric_variables, inputs))
+  _check_row_sums_alone(metrics, writes)
+  found = {}
+  constant = set()  # metric keys with a write that reads no batch
+  batch = set()  # metric keys with a write that reads the batch
+  for key, _, _, term, reduced in writes:
+    if term is _Term.PER_BATCH:
+      found.setdefault(key, reduced)
+    (constant if term is _Term.CONSTANT else batch).add(key)
+  for key in batch & constant:
+    found[key] = None
+  return found
+
+
+def _check_row_sums_alone(metrics, writes):
+  """Raises where a metric's value reads both kinds of state.
+
+  A write that adds a sum over the tower's rows gains over the towers what
+  one device's gains; one that adds a term per call (a per-batch value, a
+  constant count) gains a term per tower. A value that reads both, such as
+  `tf.metrics.mean(tf.reduce_sum(per_row))` (a sum over the rows, divided
+  by a count of calls), is then not one device's on any batch: here 1/N of
+  it, on N equal shards.
+  """
+  by_key = {}
+  for key, variable, write, term, _ in writes:
+    if term is not _Term.OTHER and not _adds_zero(write):
+      by_key.setdefault(key, []).append((variable, write, term))
+  for key, writes in sorted(by_key.items()):
+    read = op_kinds.backward_cone([op_kinds.op_of(metrics[key][0])])
+    writes = [w for w in writes if w[0].op in read]
+    sums = [w for w in writes if w[2] is _Term.ROWS]
+    calls = [w for w in writes if w[2] is not _Term.ROWS]
+    if sums and calls:
+      raise errors.InvalidArgumentError(
+          'Metric {!r} cannot be reduced across towers: its value reads {} '
+          '(op {} adds {}) and {} (op {} adds {}). Over the towers the '
+          'first gains what it gains on one device, the second a term per '
+          'tower where one device gains one per batch, so the value differs '
+          'from one device\'s on every batch. Compute the metric from '
+          'per-row values (e.g. tf.compat.v1.metrics.mean of the per-example '
+          'values, not of their sum), or evaluate on one device.'.format(
+              key, sums[0][0].op.name, sums[0][1].name, sums[0][2].value,
+              calls[0][0].op.name, calls[0][1].name, calls[0][2].value))
+
+
+class _Term(enum.Enum):
+  """What a write of a metric variable adds each call."""
+  ROWS = 'a sum over the rows'
+  PER_BATCH = 'a per-batch value'
+  CONSTANT = 'a term that reads no batch'
+  OTHER = 'something else'
+
+
+# Writes that add their second input to the variable (or subtract it).
+_ADDS = frozenset(['AssignAdd', 'AssignSub', 'AssignAddVariableOp',
+                   'AssignSubVariableOp'])
+
+
+def _writes(metrics, metric_variables, inputs):
+  """`(key, variable, write, term, reduced)` for each write of a metric
+  variable by the metrics' update ops; `reduced` as in
+  `per_batch_metrics`."""
   cone = op_kinds.backward_cone(
       [op_kinds.op_of(update) for _, update in metrics.values()])
   input_ops = set(t.op for t in inputs)
   batch_ops = reads_of(input_ops, cone) | input_ops
   reads_batch = lambda tensor: tensor.op in batch_ops
-  found = {}
-  constant_writes = set()  # metric keys with a write that reads no batch
-  batch_writes = set()  # metric keys with a write that reads the batch
+  # Ops made from a reduction that took dimension 0 away and left unknown
+  # dimensions: those are not the rows (`tf.reduce_mean(x, 0)`).
+  reducers = set(op for op in cone if op.type in _AXIS_REDUCTIONS and
+                 not op.outputs[0].shape.is_fully_defined() and
+                 _first_dimension_reduced(op.outputs[0]) is not None)
+  unrowed = reads_of(reducers, cone) | reducers
   for variable in metric_variables:
     for write in op_kinds.variable_writes(variable.op, cone):
       key = metric_key([metrics], write)
-      value, reduced = _reduced_per_batch(write)
-      if value is not None and reads_batch(value):
-        found.setdefault(key, reduced)
-      if any(reads_batch(t) for t in amount_inputs(write)):
-        batch_writes.add(key)
+      amounts = amount_inputs(write)
+      reduced = None
+      if not any(reads_batch(t) for t in amounts):
+        term = _Term.CONSTANT
+      elif (write.type in _ADDS and _sums_rows(write.inputs[1], unrowed) and
+            not any(reads_batch(t) for t in amounts[1:])):
+        term = _Term.ROWS
       else:
-        constant_writes.add(key)
-  for key in batch_writes & constant_writes:
-    found[key] = None
-  return found
+        value, reduced = _reduced_per_batch(write, unrowed)
+        term = (_Term.PER_BATCH if value is not None and reads_batch(value)
+                else _Term.OTHER)
+      yield key, variable, write, term, reduced
 
 
-def _reduced_per_batch(write):
+def _adds_zero(write):
+  value = tf.get_static_value(write.inputs[-1])
+  return value is not None and not np.any(value)
+
+
+def _reduced_per_batch(write, unrowed):
   """`(value, reduced)`: the first per-batch value that a write's amount is
   reduced from, and None or what took its rows away (`per_batch_metrics`);
   `(None, None)` where there is none."""
@@ -106,7 +190,8 @@ def _reduced_per_batch(write):
     seen.add(op)
     if op.type in _REDUCTIONS:
       value = op.inputs[0]
-      if _is_per_batch(value):
+      if _is_per_batch(value) and not (op.type in ('Sum', 'Mean') and
+                                       _sums_rows(value, unrowed)):
         return value, None
       reduced = _first_dimension_reduced(value)
       if reduced is not None:
@@ -132,6 +217,64 @@ def _first_dimension_reduced(tensor):
   if 0 in axes or (rank is not None and -rank in axes):
     return op.inputs[0]
   return None
+
+
+# Ops through which a sum over rows stays one (linear; input 0 carries it).
+_LINEAR_OPS = frozenset([
+    'Identity', 'Reshape', 'Transpose', 'ExpandDims', 'Squeeze', 'Slice',
+    'StridedSlice', 'DiagPart', 'MatrixDiagPart', 'MatrixDiagPartV2',
+    'MatrixDiagPartV3', 'Neg'])
+# Ops whose output is a sum of their inputs.
+_SUM_OPS = frozenset(['Add', 'AddV2', 'AddN', 'Sub'])
+# Ops adding up the entries of one input (by position) at indices.
+_SCATTER_SUMS = {'ScatterNd': 1, 'UnsortedSegmentSum': 0,
+                 'SparseTensorDenseAdd': 1}
+
+
+def _sums_rows(tensor, unrowed):
+  """Whether a tensor of static shape is a sum over the tower's rows, so
+  that the towers' values add up to one device's.
+
+  Such a sum reduces a tensor of unknown shape (the rows, where they are
+  counted at run time: `_rows_unknown`) to a static one by `Sum`, `Size` or
+  a scatter that adds (a confusion matrix), then goes through linear ops
+  only: sums of such sums, reshapes, slices, diagonals, casts that do not
+  round.
+  """
+  op = tensor.op
+  while op.type in _LINEAR_OPS or (op.type == 'Cast' and _exact_cast(op)):
+    op = op.inputs[0].op
+  if op.type in _SUM_OPS:
+    return all(_sums_rows(t, unrowed) for t in op.inputs)
+  if op.type in ('Sum', 'Mean'):
+    data = op.inputs[0]
+    if data.shape.is_fully_defined():
+      return _sums_rows(data, unrowed)
+    return (op.type == 'Sum' and op.outputs[0].shape.is_fully_defined() and
+            _rows_unknown(data, unrowed))
+  if op.type == 'Size':
+    return _rows_unknown(op.inputs[0], unrowed)
+  if op.type in _SCATTER_SUMS:
+    if op.type == 'SparseTensorDenseAdd':
+      onto = tf.get_static_value(op.inputs[3])
+      if onto is None or np.any(onto):
+        return False
+    return _rows_unknown(op.inputs[_SCATTER_SUMS[op.type]], unrowed)
+  return False
+
+
+def _rows_unknown(tensor, unrowed):
+  """Whether `tensor`'s dimensions known only at run time are the rows: it
+  has some, and is not made from a reduction that took dimension 0 away
+  (`unrowed`)."""
+  return not tensor.shape.is_fully_defined() and tensor.op not in unrowed
+
+
+def _exact_cast(op):
+  """Whether a cast keeps sums: to a float, or between integers."""
+  source, target = op.inputs[0].dtype.base_dtype, op.outputs[0].dtype
+  return (source.is_integer or source.is_floating) and (
+      target.is_floating or (source.is_integer and target.is_integer))
 
 
 def _is_per_batch(tensor):

@@ -84,6 +84,8 @@ def eval_spec(tower_specs, tower_metric_variables, aggregation_device,
   tower instead of one per batch: that is one device's value only when the
   towers' shards are equal, so where rows are counted at run time a step
   whose towers differ in rows fails (see `metric_terms.per_batch_metrics`).
+  A metric whose value reads both a sum over the rows and a term per call
+  (`tf.metrics.mean(tf.reduce_sum(per_row))`) is refused there.
 
   Args:
     tower_specs: the towers' `EstimatorSpec`s, losses already scaled.
@@ -100,7 +102,8 @@ def eval_spec(tower_specs, tower_metric_variables, aggregation_device,
   Raises:
     InvalidArgumentError: if towers return different metrics, or a metric
       whose state summed over the towers would differ from one device's
-      (see `metric_merge.check_summable`).
+      (see `metric_merge.check_summable`), or that reads a sum over the
+      rows and a term per call (`metric_terms.per_batch_metrics`).
     InvalidTypeError: if a metric is not a `(value, update_op)` pair.
   """
   fields = tower_specs[0]._asdict()

@@ -624,6 +624,29 @@ class PerBatchMetricTest(tf.test.TestCase):
                             if op.name.startswith('per_batch_metric_check')])
 
 
+def _evaluate_beside_one_device(test, model_fn, params, size, batch,
+                                **kwargs):
+  """`[one device's, 4 towers']` metrics of `model_fn` (built with
+  `replicate_model_fn(**kwargs)`) from one checkpoint of its initializers."""
+  model_dir = test.get_temp_dir() + '/' + test.id().split('.')[-1]
+  with tf.Graph().as_default():
+    tf1.train.get_or_create_global_step()
+    model_fn({'x': tf1.placeholder(tf.float32, [None, 3])},
+             tf1.placeholder(tf.float32, [None, 1]), EVAL, params)
+    with tf1.Session() as sess:
+      sess.run(tf1.global_variables_initializer())
+      checkpoint = tf1.train.Saver().save(sess, model_dir + '/start')
+  results = []
+  for devices in (None, replicate.testing.virtual_cpu_devices(TOWERS)):
+    wrapped = model_fn if devices is None else replicate.replicate_model_fn(
+        model_fn, devices=devices, **kwargs)
+    results.append(tf1.estimator.Estimator(
+        wrapped, config=_config(model_dir), params=params).evaluate(
+            _input_fn(size, batch), checkpoint_path=checkpoint,
+            name=str(len(results))))
+  return results
+
+
 def _unknown_shape_model_fn(features, labels, mode, params):
   """Metrics of values whose static shape is unknown ([None]): the column
   means of the batch (per batch), and the rows' means read from a
@@ -651,26 +674,9 @@ class UnknownShapePerBatchMetricTest(parameterized.TestCase,
   reduction took away a dimension 0 that was the tower's rows."""
 
   def _evaluate(self, size, batch, column_means, **kwargs):
-    model_dir = self.get_temp_dir() + '/' + self.id().split('.')[-1]
-    params = {'column_means': column_means}
-    with tf.Graph().as_default():
-      tf1.train.get_or_create_global_step()
-      _unknown_shape_model_fn({'x': tf1.placeholder(tf.float32, [None, 3])},
-                              tf1.placeholder(tf.float32, [None, 1]), EVAL,
-                              params)
-      with tf1.Session() as sess:
-        sess.run(tf1.global_variables_initializer())
-        checkpoint = tf1.train.Saver().save(sess, model_dir + '/start')
-    results = []
-    for devices in (None, replicate.testing.virtual_cpu_devices(TOWERS)):
-      model_fn = _unknown_shape_model_fn if devices is None else (
-          replicate.replicate_model_fn(_unknown_shape_model_fn,
-                                       devices=devices, **kwargs))
-      results.append(tf1.estimator.Estimator(
-          model_fn, config=_config(model_dir), params=params).evaluate(
-              _input_fn(size, batch), checkpoint_path=checkpoint,
-              name=str(len(results))))
-    return results
+    return _evaluate_beside_one_device(
+        self, _unknown_shape_model_fn, {'column_means': column_means}, size,
+        batch, **kwargs)
 
   @parameterized.named_parameters(
       ('copies', {}),
@@ -698,6 +704,97 @@ class UnknownShapePerBatchMetricTest(parameterized.TestCase,
     expected, actual = self._evaluate(10, 6, False)
     for key in expected:
       self.assertAllClose(expected[key], actual[key], rtol=1e-6, msg=key)
+
+
+def _metric_variable(name, shape):
+  return tf1.Variable(
+      tf.zeros(shape), trainable=False, name=name,
+      collections=[tf1.GraphKeys.LOCAL_VARIABLES,
+                   tf1.GraphKeys.METRIC_VARIABLES])
+
+
+def _row_sums_model_fn(features, labels, mode, params):
+  """Metrics whose state is a sum over the rows, reduced to a static shape
+  (a confusion matrix, a segment sum, a count of rows); with
+  `params['refused']`, one metric that divides such a sum by a count of
+  calls."""
+  logits = tf1.layers.dense(
+      features['x'], 3, kernel_initializer=tf1.glorot_uniform_initializer(
+          seed=4), name='logits')
+  classes = (tf.cast(labels[:, 0] > -0.5, tf.int64) +
+             tf.cast(labels[:, 0] > 0.5, tf.int64))  # 0, 1, 2
+  predicted = tf.argmax(logits, 1)
+  per_row = tf1.losses.sparse_softmax_cross_entropy(
+      classes, logits, reduction=Reduction.NONE)
+  confusion = tf.math.confusion_matrix(classes, predicted, 3,
+                                       dtype=tf.float32)  # static [3, 3]
+  counts = _metric_variable('predicted_counts', [3])
+  diagonal = _metric_variable('diagonal', [3])
+  total = _metric_variable('total', [])
+  rows = _metric_variable('rows', [])
+  class_sums = _metric_variable('class_sums', [3])
+  metrics = {
+      'predicted_counts': (tf.identity(counts), tf1.assign_add(
+          counts, tf.reduce_sum(confusion, 0))),
+      'agreement': (tf.reduce_sum(diagonal) / total, tf.group(
+          tf1.assign_add(diagonal, tf.linalg.diag_part(confusion)),
+          tf1.assign_add(total, tf.reduce_sum(confusion)))),
+      'rows': (tf.identity(rows), tf1.assign_add(
+          rows, tf.cast(tf.size(classes), tf.float32))),
+      'class_sums': (tf.identity(class_sums), tf1.assign_add(
+          class_sums, tf.reduce_sum(tf.math.unsorted_segment_sum(
+              features['x'] * logits, classes, 3), 1))),
+      'mean_loss': tf1.metrics.mean(per_row),
+  }
+  if hasattr(tf, 'contrib'):  # TF 1.15: contrib's, from a confusion matrix
+    metrics['kappa'] = tf.contrib.metrics.cohen_kappa(classes, predicted, 3)
+  refused = {
+      'mean_of_summed_loss': lambda: tf1.metrics.mean(
+          tf.reduce_sum(per_row)),
+      'mean_of_predicted_counts': lambda: tf1.metrics.mean(
+          tf.reduce_sum(confusion, 0)),
+      'mean_tensor_of_column_sums': lambda: tf1.metrics.mean_tensor(
+          tf.reduce_sum(features['x'] * logits, 0)),
+  }
+  if params['refused']:
+    metrics[params['refused']] = refused[params['refused']]()
+  return tf1.estimator.EstimatorSpec(mode, loss=tf.reduce_mean(per_row),
+                                     eval_metric_ops=metrics)
+
+
+class RowSumMetricTest(parameterized.TestCase, tf.test.TestCase):
+  """State that sums the rows adds up over the towers whatever their rows;
+  a metric dividing such a sum by a count of calls is refused."""
+
+  @parameterized.named_parameters(
+      ('copies', {}),
+      ('calls', {'tower_build': replicate.TowerBuild.CALL_PER_TOWER}))
+  def test_uneven_batches_equal_one_device(self, kwargs):
+    # 10 rows in batches of 6 and 4: towers of [2, 2, 1, 1] and [1, 1, 1,
+    # 1]. Every state is a sum over rows, so each equals one device's sums
+    # of 10 rows (rows: 10.0). Before, the confusion matrix's reduce_sum
+    # (static [3]) was taken for a per-batch value and refused.
+    expected, actual = _evaluate_beside_one_device(
+        self, _row_sums_model_fn, {'refused': None}, 10, 6, **kwargs)
+    self.assertEqual(10.0, expected['rows'])
+    self.assertCountEqual(expected, actual)
+    for key in expected:
+      self.assertAllClose(expected[key], actual[key], rtol=1e-6, msg=key)
+
+  @parameterized.parameters('mean_of_summed_loss', 'mean_of_predicted_counts',
+                            'mean_tensor_of_column_sums')
+  def test_sum_over_a_count_of_calls_is_refused(self, refused):
+    # 16 rows in batches of 8: 2 rows per tower. One device's mean of the
+    # batch's summed loss S averages S over 2 batches; 4 towers would add
+    # their sums (S together) with a count of 4 per batch: S / 4. Before,
+    # a quarter of one device's value, silently.
+    with self.assertRaisesRegex(
+        errors.InvalidArgumentError,
+        r"Metric '{}' cannot be reduced across towers: its value reads "
+        r'\S+ \(op \S+ adds a sum over the rows\) and \S+ \(op \S+ adds a '
+        r'(per-batch value|term that reads no batch)\)'.format(refused)):
+      _evaluate_beside_one_device(self, _row_sums_model_fn,
+                                  {'refused': refused}, 16, 8)
 
 
 if __name__ == '__main__':
