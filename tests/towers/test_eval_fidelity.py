@@ -379,15 +379,20 @@ class NotASumTest(parameterized.TestCase, tf.test.TestCase):
                             replicate.TowerBuild.CALL_PER_TOWER)
   def test_running_max_is_refused(self, tower_build):
     # Before: the towers' maxima were summed (about 4 x the true maximum).
-    with self.assertRaisesRegex(
-        errors.InvalidArgumentError,
-        r"Metric 'custom' cannot be reduced across towers: its update op "
-        r'writes metric variable running_max with Assign(VariableOp)? '
+    self._assert_not_a_sum(
+        _running_max, tower_build,
         r"\(op .*\), which does not add to it, so its towers' states cannot "
         r'be combined by summing them\. .*sums and counts.*'
         r'tf\.compat\.v1\.metrics.*'
-        r'or evaluate on one device'):
-      _evaluate(_running_max,
+        r'or evaluate on one device')
+
+  def _assert_not_a_sum(self, metric_fn, tower_build, details=''):
+    with self.assertRaisesRegex(
+        errors.InvalidArgumentError,
+        r"Metric 'custom' cannot be reduced across towers: its update op "
+        r'writes metric variable running_max with Assign(VariableOp)? ' +
+        details):
+      _evaluate(metric_fn,
                 replicate.testing.virtual_cpu_devices(_NUM_TOWERS),
                 tower_build)
 
@@ -395,13 +400,7 @@ class NotASumTest(parameterized.TestCase, tf.test.TestCase):
                             replicate.TowerBuild.CALL_PER_TOWER)
   def test_running_max_in_local_variables_only_is_refused(self, tower_build):
     # Before: copies wrote tower 0's variable, all 4 racing, silently.
-    with self.assertRaisesRegex(
-        errors.InvalidArgumentError,
-        r"Metric 'custom' cannot be reduced across towers: its update op "
-        r'writes metric variable running_max with Assign(VariableOp)? '):
-      _evaluate(_local_running_max,
-                replicate.testing.virtual_cpu_devices(_NUM_TOWERS),
-                tower_build)
+    self._assert_not_a_sum(_local_running_max, tower_build)
 
   def test_running_max_on_one_device(self):
     # The same metric is fine unreplicated: the maximum of every row.

@@ -14,6 +14,19 @@ def _spec(mode, loss, train_op=None, **kwargs):
                                      **kwargs)
 
 
+def _sgd_spec(mode, loss):
+  """`_spec` whose train op is a step of SGD (rate 0.1) on `loss`."""
+  return _spec(mode, loss, replicate.TowerOptimizer(
+      tf1.train.GradientDescentOptimizer(0.1)).minimize(
+          loss, tf1.train.get_global_step()))
+
+
+def _weights(**kwargs):
+  """The [3, 1] variable `w`, starting at [0.5, -0.25, 1.0]."""
+  return tf1.get_variable('w', [3, 1], initializer=(
+      tf1.constant_initializer([[0.5], [-0.25], [1.0]])), **kwargs)
+
+
 def _build(model_fn, devices, features=None, labels=None, mode=mt.TRAIN,
            **kwargs):
   with tf.Graph().as_default() as graph:
@@ -358,8 +371,7 @@ class ModelFnErrorsTest(tf.test.TestCase, parameterized.TestCase):
     # over 2 towers), every tower's under SUM (2 times).
     def model_fn_of(first_tower_only=False):
       def model_fn(features, labels, mode):
-        w = tf1.get_variable('w', [3, 1], initializer=(
-            tf1.constant_initializer([[0.5], [-0.25], [1.0]])))
+        w = _weights()
         tf1.losses.mean_squared_error(labels, tf.matmul(features['x'], w))
         if not first_tower_only or (
             replicate.get_tower_context() is None or
@@ -367,9 +379,7 @@ class ModelFnErrorsTest(tf.test.TestCase, parameterized.TestCase):
           tf1.losses.add_loss(0.5 * tf.nn.l2_loss(w),
                               tf1.GraphKeys.REGULARIZATION_LOSSES)
         loss = tf1.losses.get_total_loss()
-        return _spec(mode, loss, replicate.TowerOptimizer(
-            tf1.train.GradientDescentOptimizer(0.1)).minimize(
-                loss, tf1.train.get_global_step()))
+        return _sgd_spec(mode, loss)
       return model_fn
 
     per_tower = replicate.TowerBuild.CALL_PER_TOWER
@@ -415,15 +425,12 @@ class ModelFnErrorsTest(tf.test.TestCase, parameterized.TestCase):
     # one device's, silently (contrib too). Copies are refused at tower 0's
     # term, calls at tower 1's (tower 0 may add a term alone).
     def model_fn(features, labels, mode):
-      w = tf1.get_variable('w', [3, 1], initializer=(
-          tf1.constant_initializer([[0.5], [-0.25], [1.0]])))
+      w = _weights()
       tf1.losses.mean_squared_error(labels, tf.matmul(features['x'], w),
                                     reduction=tf1.losses.Reduction.SUM)
       tf1.losses.add_loss(tf.reduce_sum(tf.abs(w), name='l1'))
       loss = tf1.losses.get_total_loss()
-      return _spec(mode, loss, replicate.TowerOptimizer(
-          tf1.train.GradientDescentOptimizer(0.1)).minimize(
-              loss, tf1.train.get_global_step()))
+      return _sgd_spec(mode, loss)
 
     with self.assertRaisesRegex(
         ValueError,
@@ -445,9 +452,7 @@ class ModelFnErrorsTest(tf.test.TestCase, parameterized.TestCase):
       def model_fn(features, labels, mode):
         regularizer = (lambda w: tf.reduce_sum(tf.abs(w))) if (
             way == 'regularizer') else None
-        w = tf1.get_variable('w', [3, 1], regularizer=regularizer,
-                             initializer=(tf1.constant_initializer(
-                                 [[0.5], [-0.25], [1.0]])))
+        w = _weights(regularizer=regularizer)
         loss = tf1.losses.mean_squared_error(
             labels, tf.matmul(features['x'], w),
             reduction=tf1.losses.Reduction.SUM)
@@ -456,9 +461,7 @@ class ModelFnErrorsTest(tf.test.TestCase, parameterized.TestCase):
         elif (replicate.get_tower_context() is None or
               replicate.get_tower_context().is_first_tower):
           loss += tf.reduce_sum(tf.abs(w))
-        return _spec(mode, loss, replicate.TowerOptimizer(
-            tf1.train.GradientDescentOptimizer(0.1)).minimize(
-                loss, tf1.train.get_global_step()))
+        return _sgd_spec(mode, loss)
       return model_fn
 
     features, labels = mt.data()
@@ -491,13 +494,10 @@ class ModelFnErrorsTest(tf.test.TestCase, parameterized.TestCase):
 
     def model_fn(features, labels, mode):
       with tf1.variable_scope('net', custom_getter=l2_getter):
-        w = tf1.get_variable('w', [3, 1], initializer=(
-            tf1.constant_initializer([[0.5], [-0.25], [1.0]])))
+        w = _weights()
       tf1.losses.mean_squared_error(labels, tf.matmul(features['x'], w))
       loss = tf1.losses.get_total_loss()
-      return _spec(mode, loss, replicate.TowerOptimizer(
-          tf1.train.GradientDescentOptimizer(0.1)).minimize(
-              loss, tf1.train.get_global_step()))
+      return _sgd_spec(mode, loss)
 
     with self.assertRaisesRegex(
         ValueError,
