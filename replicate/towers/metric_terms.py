@@ -7,8 +7,9 @@ adds up over the towers to one device's; a write that adds one term per call
 (a per-batch value: `tf.metrics.mean(loss)`; a constant count) gains one
 term per tower where one device gains one per batch. A metric made only of
 the latter is one device's value when the shards are equal
-(`per_batch_metrics`, `even_rows_checks`); a metric whose value reads both is
-not, on any batch (refused by `per_batch_metrics`).
+(`per_batch_metrics`, `even_rows_checks`) and the value divides them by a
+count of calls; a metric whose value reads both kinds, or one variable of
+terms per call only, is not, on any batch (refused by `per_batch_metrics`).
 
 Only asked where rows are counted at run time, where a tensor's unknown
 dimensions are the tower's rows (batch_split.py).
@@ -79,10 +80,11 @@ def per_batch_metrics(metrics, metric_variables, inputs):
 
   Raises:
     InvalidArgumentError: where a metric's value reads both a sum over the
-      rows and a term per call (`_check_row_sums_alone`).
+      rows and a term per call, or one variable of terms per call only
+      (`_check_terms`).
   """
   writes = list(_writes(metrics, metric_variables, inputs))
-  _check_row_sums_alone(metrics, writes)
+  _check_terms(metrics, writes)
   found = {}
   constant = set()  # metric keys with a write that reads no batch
   batch = set()  # metric keys with a write that reads the batch
@@ -95,25 +97,27 @@ def per_batch_metrics(metrics, metric_variables, inputs):
   return found
 
 
-def _check_row_sums_alone(metrics, writes):
-  """Raises where a metric's value reads both kinds of state.
+def _check_terms(metrics, writes):
+  """Raises where a metric's value cannot be one device's on any batch.
 
   A write that adds a sum over the tower's rows gains over the towers what
   one device's gains; one that adds a term per call (a per-batch value, a
   constant count) gains a term per tower. A value that reads both, such as
   `tf.metrics.mean(tf.reduce_sum(per_row))` (a sum over the rows, divided
   by a count of calls), is then not one device's on any batch: here 1/N of
-  it, on N equal shards.
+  it, on N equal shards. Nor is a value that reads one variable, of terms
+  per call only (a running sum of the batch's mean loss, a count of calls):
+  N times one device's, with nothing to divide it by.
   """
   by_key = {}
   for key, variable, write, term, _ in writes:
-    if term is not _Term.OTHER and not _adds_zero(write):
+    if not _adds_zero(write):
       by_key.setdefault(key, []).append((variable, write, term))
   for key, writes in sorted(by_key.items()):
     read = op_kinds.backward_cone([op_kinds.op_of(metrics[key][0])])
     writes = [w for w in writes if w[0].op in read]
     sums = [w for w in writes if w[2] is _Term.ROWS]
-    calls = [w for w in writes if w[2] is not _Term.ROWS]
+    calls = [w for w in writes if w[2] in (_Term.PER_BATCH, _Term.CONSTANT)]
     if sums and calls:
       raise errors.InvalidArgumentError(
           'Metric {!r} cannot be reduced across towers: its value reads {} '
@@ -125,6 +129,18 @@ def _check_row_sums_alone(metrics, writes):
           'values, not of their sum), or evaluate on one device.'.format(
               key, sums[0][0].op.name, sums[0][1].name, sums[0][2].value,
               calls[0][0].op.name, calls[0][1].name, calls[0][2].value))
+    if calls and len(calls) == len(writes) and len(
+        set(w[0].op for w in writes)) == 1:
+      raise errors.InvalidArgumentError(
+          'Metric {!r} cannot be reduced across towers: its value reads only '
+          '{}, to which op {} adds {}, one term per call. Over the towers it '
+          'gains a term per tower where one device gains one per batch, and '
+          'nothing divides it by their count, so the value differs from one '
+          'device\'s (N times it, on N equal shards). Divide it by a count '
+          'of calls (as tf.compat.v1.metrics.mean does), compute it from '
+          'per-row values, or evaluate on one device.'.format(
+              key, calls[0][0].op.name, calls[0][1].name,
+              calls[0][2].value))
 
 
 class _Term(enum.Enum):
@@ -167,6 +183,9 @@ def _writes(metrics, metric_variables, inputs):
         term = _Term.ROWS
       else:
         value, reduced = _reduced_per_batch(write, unrowed)
+        if value is None and write.type in _ADDS:
+          value = write.inputs[1]  # added itself: `assign_add(v, loss)`
+          value = value if _is_per_batch(value) else None
         term = (_Term.PER_BATCH if value is not None and reads_batch(value)
                 else _Term.OTHER)
       yield key, variable, write, term, reduced

@@ -713,6 +713,12 @@ def _metric_variable(name, shape):
                    tf1.GraphKeys.METRIC_VARIABLES])
 
 
+def _running_sum(name, amount):
+  """A hand-made metric: the sum of `amount` over every call."""
+  total = _metric_variable(name, [])
+  return tf.identity(total), tf1.assign_add(total, amount)
+
+
 def _row_sums_model_fn(features, labels, mode, params):
   """Metrics whose state is a sum over the rows, reduced to a static shape
   (a confusion matrix, a segment sum, a count of rows); with
@@ -755,6 +761,9 @@ def _row_sums_model_fn(features, labels, mode, params):
           tf.reduce_sum(confusion, 0)),
       'mean_tensor_of_column_sums': lambda: tf1.metrics.mean_tensor(
           tf.reduce_sum(features['x'] * logits, 0)),
+      'sum_of_batch_means': lambda: _running_sum(
+          'sum_of_batch_means', tf.reduce_mean(per_row)),
+      'count_of_calls': lambda: _running_sum('count_of_calls', 1.0),
   }
   if params['refused']:
     metrics[params['refused']] = refused[params['refused']]()
@@ -796,6 +805,19 @@ class RowSumMetricTest(parameterized.TestCase, tf.test.TestCase):
       _evaluate_beside_one_device(self, _row_sums_model_fn,
                                   {'refused': refused}, 16, 8)
 
+  @parameterized.parameters('sum_of_batch_means', 'count_of_calls')
+  def test_sum_of_terms_per_call_is_refused(self, refused):
+    # 16 rows in batches of 8: one device adds 2 terms (2 batch means, or
+    # 2 calls), 4 towers would add 8: 4 times one device's sum. Before,
+    # silently.
+    with self.assertRaisesRegex(
+        errors.InvalidArgumentError,
+        r"Metric '{}' cannot be reduced across towers: its value reads only "
+        r'{}, to which op \S+ adds a (per-batch value|term that reads no '
+        r'batch), one term per call\..*N times it, on N equal '
+        r'shards'.format(refused, refused)):
+      _evaluate_beside_one_device(self, _row_sums_model_fn,
+                                  {'refused': refused}, 16, 8)
 
 if __name__ == '__main__':
   tf.test.main()
