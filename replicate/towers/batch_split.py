@@ -10,10 +10,14 @@ size (so that a copy of tower 0 bakes in no row count of tower 0's), and the
 towers' losses are weighted by their rows (tower_context.py).
 
 Scalars cannot be split: they go whole to every tower, as do the features
-named in `replicate_model_fn(..., unsplit_features=[...])`.
+named in `replicate_model_fn(..., unsplit_features=[...])`. A list of Python
+values (`[[1.], [2.]]`) is the one tensor TF makes of it, split by rows.
 """
 import collections
+import copy
+import numbers
 
+import numpy as np
 import tensorflow as tf
 
 from replicate import errors
@@ -70,8 +74,10 @@ def split_batch(features, labels, num_shards, device, unsplit_features=()):
   """Splits features and labels along dimension 0 into `num_shards` shards.
 
   Args:
-    features: a `Tensor`, `SparseTensor`, or a nest (e.g. a dict) of them.
-    labels: `None`, or a `Tensor`/`SparseTensor` or a nest of them.
+    features: a `Tensor`, `SparseTensor`, or a nest (e.g. a dict) of them;
+      a list of Python values counts as the tensor made of it.
+    labels: `None`, or a `Tensor`/`SparseTensor` or a nest of them (the
+      same).
     num_shards: number of towers.
     device: where the split ops run.
     unsplit_features: keys of `features` given whole to every tower.
@@ -93,6 +99,8 @@ def split_batch(features, labels, num_shards, device, unsplit_features=()):
   """
   check_unsplit_names(features, unsplit_features)
   with tf1.name_scope('split_inputs'), tf1.device(device):
+    features = _lists_as_tensors(features)
+    labels = _lists_as_tensors(labels)
     leaves = _leaves(features, 'features', unsplit_features)
     if labels is not None:
       leaves += _leaves(labels, 'labels', ())
@@ -182,6 +190,30 @@ def _leaf_names(nest, what):
       names.extend(_leaf_names(value, '{}[{}]'.format(what, i)))
     return names
   return [what]
+
+
+def _lists_as_tensors(nest):
+  """`nest` with each list or tuple of Python values only (`[[1.], [2.]]`)
+  made the tensor TF makes of it where `model_fn` reads it, so that its rows
+  are split. `tf.nest` would take each number for a scalar, given whole to
+  every tower: the towers would read the batch N times."""
+  if isinstance(nest, dict):
+    converted = copy.copy(nest)
+    converted.update((key, _lists_as_tensors(value))
+                     for key, value in nest.items())
+    return converted
+  if not isinstance(nest, (list, tuple)) or not nest:
+    return nest
+  if all(isinstance(leaf, _PYTHON_VALUES) for leaf in tf.nest.flatten(nest)):
+    return tf1.convert_to_tensor(nest)
+  values = [_lists_as_tensors(value) for value in nest]
+  if hasattr(nest, '_fields'):  # a namedtuple
+    return type(nest)(*values)
+  return type(nest)(values)
+
+
+# What TF makes a tensor of, in a list (bool is an int).
+_PYTHON_VALUES = (numbers.Number, str, bytes, np.generic)
 
 
 def _converted(value, name):

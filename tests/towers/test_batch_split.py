@@ -1,6 +1,11 @@
 """Splitting features and labels into tower shards."""
+import collections
+import tempfile
+
+from absl.testing import parameterized
 import tensorflow as tf
 
+import replicate
 from replicate._compat import tf1
 from replicate.towers import batch_split
 
@@ -89,6 +94,22 @@ class SplitBatchTest(tf.test.TestCase):
     self.assertEqual([2, 1], shards[1]['a'][0].shape.as_list())
     self.assertEqual([2], shards[1]['a'][1].shape.as_list())
 
+  def test_lists_of_python_values_are_split_by_rows(self):
+    # As TF reads them: [[1.], [2.], [3.], [4.]] is a [4, 1] tensor, so
+    # each of 2 towers gets 2 rows. Before, each number was a scalar given
+    # whole to every tower.
+    pair = collections.namedtuple('Pair', ['words', 'ids'])
+    with tf.Graph().as_default():
+      features = {'x': [[1.], [2.], [3.], [4.]], 'scale': 2.0,
+                  'pair': pair(['a', 'b', 'c', 'd'], tf.range(4))}
+      split = batch_split.split_batch(features, [5, 6, 7, 8], 2, '/cpu:0')
+      shards = self._run([split.feature_shards, split.label_shards])
+    self.assertAllEqual([[3.], [4.]], shards[0][1]['x'])
+    self.assertEqual(2.0, shards[0][1]['scale'])
+    self.assertAllEqual([b'c', b'd'], shards[0][1]['pair'].words)
+    self.assertAllEqual([2, 3], shards[0][1]['pair'].ids)
+    self.assertAllEqual([[5, 6], [7, 8]], shards[1])
+
   def test_unsupported_type(self):
     with tf.Graph().as_default():
       with self.assertRaisesRegex(TypeError, r"features\['x'\] must be a "
@@ -125,6 +146,46 @@ class SplitBatchTest(tf.test.TestCase):
       shards = batch_split.split_batch(tf.zeros([4]), None, 2,
                                        '/cpu:0').feature_shards
     self.assertEqual('/device:CPU:0', shards[0].op.device)
+
+
+
+class PythonListInputsTest(parameterized.TestCase, tf.test.TestCase):
+  """An input_fn may return Python lists: one device's model_fn reads each
+  as one tensor of the batch's rows."""
+
+  @parameterized.parameters(tf1.losses.Reduction.SUM,
+                            tf1.losses.Reduction.MEAN)
+  def test_trains_as_one_device(self, reduction):
+    # 5 distinct rows on 2 towers ([3, 2] rows), |x c - y| summed: with the
+    # lists given whole to each tower, SUM moved c twice one device's step.
+    features = [[1.], [2.], [-3.], [4.5], [0.5]]
+    labels = [[2.], [-1.], [3.], [4.], [1.5]]
+
+    def model_fn(features, labels, mode):
+      c = tf1.get_variable('c', [], initializer=tf1.constant_initializer(
+          0.7))
+      errors = tf.abs(tf.convert_to_tensor(features) * c - labels)
+      loss = (tf.reduce_sum(errors) if reduction == tf1.losses.Reduction.SUM
+              else tf.reduce_mean(errors))
+      optimizer = tf1.train.GradientDescentOptimizer(0.1)
+      if replicate.get_tower_context() is not None:
+        optimizer = replicate.TowerOptimizer(optimizer)
+      return tf1.estimator.EstimatorSpec(
+          mode, loss=loss, train_op=optimizer.minimize(
+              loss, tf1.train.get_global_step()))
+
+    results = []
+    for wrapped in (model_fn, replicate.replicate_model_fn(
+        model_fn, reduction,
+        devices=replicate.testing.virtual_cpu_devices(2))):
+      estimator = tf1.estimator.Estimator(
+          wrapped, model_dir=tempfile.mkdtemp(dir=self.get_temp_dir()),
+          config=tf1.estimator.RunConfig(
+              session_config=replicate.testing.virtual_cpu_config(2)))
+      estimator.train(lambda: (features, labels), steps=2)
+      results.append(estimator.get_variable_value('c'))
+    self.assertAllClose(results[0], results[1], rtol=1e-6)
+    self.assertNotAllClose(0.7, results[1])
 
 
 if __name__ == '__main__':
