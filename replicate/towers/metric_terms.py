@@ -171,9 +171,10 @@ def _writes(metrics, metric_variables, inputs):
                  not op.outputs[0].shape.is_fully_defined() and
                  _first_dimension_reduced(op.outputs[0]) is not None)
   unrowed = reads_of(reducers, cone) | reducers
+  cones = _update_cones(metrics)
   for variable in metric_variables:
     for write in op_kinds.variable_writes(variable.op, cone):
-      key = metric_key([metrics], write)
+      key = _key_of(cones, write)
       amounts = amount_inputs(write)
       reduced = None
       if not any(reads_batch(t) for t in amounts):
@@ -350,8 +351,21 @@ def _per_batch_message(keys, num_towers):
 
 
 def metric_key(metrics, write):
+  """The key of the first metric, in a list of towers' metrics, whose update
+  op depends on `write`."""
   for tower in metrics:
-    for key, (_, update) in sorted(tower.items()):
-      if write in op_kinds.backward_cone([op_kinds.op_of(update)]):
-        return key
+    key = _key_of(_update_cones(tower), write)
+    if key is not None:
+      return key
   return None  # pragma: no cover (every write checked is in some cone)
+
+
+def _update_cones(metrics):
+  """`[(key, cone)]`, by key: each metric's update op and every op it
+  depends on, built once for all the writes looked up."""
+  return [(key, op_kinds.backward_cone([op_kinds.op_of(update)]))
+          for key, (_, update) in sorted(metrics.items())]
+
+
+def _key_of(cones, write):
+  return next((key for key, cone in cones if write in cone), None)
