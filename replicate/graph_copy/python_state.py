@@ -8,9 +8,10 @@ run its Python again. Two kinds of ops carry what that Python did:
   op seed with `numpy.random` when given none): another call draws another
   seed, a copy keeps device 0's and draws the same numbers;
 * a stateful `tf.py_func` / `tf.numpy_function` / `tf.py_function` whose
-  Python function keeps state of its own (a closure, a bound method, a
-  callable object): another call makes another function, with its own
-  state, where every copy would call device 0's.
+  Python function keeps state of its own (a closure, a default argument or
+  class made by the call, a bound method, a callable object): another call
+  makes another function, with its own state, where every copy would call
+  device 0's.
 
 `PythonState` notes the generators' state when device 0 starts, and names
 such ops among those about to be copied. May import `_compat` and `core`.
@@ -62,7 +63,8 @@ class PythonState(object):
         function = _compat.py_func_function(op)
         if function is not None and _keeps_state(function):
           return ('built the {} op {} calling {!r}, which keeps Python '
-                  'state of its own (a closure, bound method or callable '
+                  'state of its own (a closure, a default argument or '
+                  'class made by the call, a bound method or a callable '
                   'object): every copy would call that one object, where '
                   'each call makes its own'.format(op.type, op.name,
                                                    function))
@@ -111,15 +113,49 @@ def _python_seeded(op):
 
 def _keeps_state(function):
   """Whether a py_func's Python function may hold state that another call
-  of the user's function would make anew: a closure's cells, a bound
-  method's instance, a partial's arguments, a callable object's attributes.
-  A module-level function (or a builtin, a ufunc) is the same object in
-  every call."""
-  function = inspect.unwrap(function)
-  if inspect.ismethod(function):
-    return not isinstance(function.__self__, (type, types.ModuleType))
-  if isinstance(function, types.FunctionType):
-    return bool(function.__closure__)
+  of the user's function would make anew: a closure's cells, a default
+  argument or a class made by the call, a bound method's instance, a
+  partial's arguments, a callable object's attributes. A module-level
+  function (or class, builtin, ufunc) is the same object in every call, and
+  so is what it holds."""
   if isinstance(function, functools.partial):
     return True
+  if isinstance(function, types.FunctionType):
+    # (A decorator's wrapper holds the function it wraps in a cell.)
+    defaults = (list(function.__defaults__ or ()) +
+                list((function.__kwdefaults__ or {}).values()))
+    return bool(function.__closure__) or (
+        _made_by_a_call(function) and
+        not all(_holds_no_state(value) for value in defaults))
+  if inspect.ismethod(function) or inspect.isbuiltin(function):
+    owner = function.__self__
+    if owner is None or isinstance(owner, types.ModuleType):
+      return False  # a builtin function
+    return _made_by_a_call(owner) if isinstance(owner, type) else True
+  wrapped = getattr(function, '__wrapped__', None)
+  if wrapped is not None:  # a wrapper object (numpy's dispatchers)
+    return _keeps_state(wrapped)
   return hasattr(function, '__dict__') and not isinstance(function, type)
+
+
+def _made_by_a_call(item):
+  """Whether a function or class was defined inside a function, so that
+  each call of that function makes another."""
+  return '<locals>' in getattr(item, '__qualname__', '')
+
+
+_IMMUTABLE_TYPES = (type(None), bool, int, float, complex, str, bytes,
+                    frozenset, type(Ellipsis), np.generic, np.dtype,
+                    tf.DType)
+
+
+def _holds_no_state(value):
+  """Whether a default argument is the same, unchanged, in every call: an
+  immutable value, or a module-level class or stateless function."""
+  if isinstance(value, tuple):
+    return all(_holds_no_state(item) for item in value)
+  if isinstance(value, _IMMUTABLE_TYPES):
+    return True
+  if isinstance(value, type):
+    return not _made_by_a_call(value)
+  return callable(value) and not _keeps_state(value)

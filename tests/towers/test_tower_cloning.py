@@ -62,6 +62,80 @@ def _closure():
   return counted
 
 
+def _default_argument():
+  """A function counting its calls in a default argument made by the call."""
+
+  def counted(x, _count=[0]):  # noqa: B006 (the state is the point)
+    _count[0] += 1
+    return np.zeros_like(x)
+
+  return counted
+
+
+def _counting_decorator(function):
+  """A decorator counting calls in its wrapper's cell (functools.wraps)."""
+  count = [0]
+
+  @functools.wraps(function)
+  def wrapper(x):
+    count[0] += 1
+    return function(x)
+
+  return wrapper
+
+
+def _wrapped():
+  """A module-level function, decorated with state by the call."""
+  return _counting_decorator(_zeros_like)
+
+
+def _random_state():
+  """A builtin bound method of a generator made by the call."""
+  return np.random.RandomState(0).permutation
+
+
+def _local_class():
+  """A classmethod of a class made by the call, counting in the class."""
+
+  class Counted(object):
+    count = 0
+
+    @classmethod
+    def zeros_like(cls, x):
+      cls.count += 1
+      return np.zeros_like(x)
+
+  return Counted.zeros_like
+
+
+class _Module(object):
+  """A module-level class: the same object in every call."""
+
+  @classmethod
+  def zeros_like(cls, x):
+    return np.zeros_like(x)
+
+
+def _scaled(x, scale=0.0, dtype=np.float32):
+  return (scale * x).astype(dtype)
+
+
+def _stateless_local():
+  """A function made by the call that holds nothing: no closure, immutable
+  defaults."""
+
+  def zeros(x, scale=0.0, shape=(), dtype=np.float32, like=_zeros_like):
+    del scale, shape, dtype
+    return like(x)
+
+  return zeros
+
+
+# Made once per model_fn call by the test model below.
+_FACTORIES = (_closure, _default_argument, _wrapped, _random_state,
+              _local_class, _stateless_local)
+
+
 class _Counter(object):
   """A callable object counting its calls."""
 
@@ -463,7 +537,8 @@ class FallbackTest(tf.test.TestCase, parameterized.TestCase):
     call."""
 
     def model_fn(features, labels, mode, params):
-      called = function() if function in (_closure, _Counter) else function
+      called = function() if function in _FACTORIES + (_Counter,) else (
+          function)
       x = features['x']
       x = x + tf1.numpy_function(called, [x], tf.float32)
       x.set_shape(features['x'].shape)
@@ -475,7 +550,11 @@ class FallbackTest(tf.test.TestCase, parameterized.TestCase):
     # A closure made by model_fn, or a callable object: another call makes
     # another one, with its own state.
     for factory, words in ((_closure, '_closure.<locals>.counted'),
-                           (_Counter, '_Counter object')):
+                           (_Counter, '_Counter object'),
+                           (_default_argument, '_default_argument'),
+                           (_wrapped, '_zeros_like'),
+                           (_random_state, 'permutation'),
+                           (_local_class, 'Counted.zeros_like')):
       calls, reasons = self._reasons(self._py_func_model_fn(factory))
       self.assertEqual(2, calls)
       self.assertLen(reasons, 1)
@@ -486,7 +565,8 @@ class FallbackTest(tf.test.TestCase, parameterized.TestCase):
   def test_py_func_of_a_module_function_is_copied(self):
     # One function object, whichever call registers it: copies call it as
     # the calls would.
-    for function in (_zeros_like, np.zeros_like):
+    for function in (_zeros_like, np.zeros_like, _Module.zeros_like, _scaled,
+                     _stateless_local, np.float32, np.copy):
       calls, reasons = self._reasons(self._py_func_model_fn(function))
       self.assertEqual((1, []), (calls, reasons))
 
