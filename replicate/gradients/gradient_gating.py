@@ -72,10 +72,22 @@ def barrier(gradients, name_scope):
       tensors.append(grad)
   if not tensors:
     return None
-  with tf1.name_scope(name_scope), tf1.control_dependencies(None), \
-      tf1.device(tensors[0].device):
-    with tf1.control_dependencies(tensors):
+  with tf1.name_scope(name_scope), tf1.control_dependencies(None):
+    waits = [_data_wait(t) for t in tensors]
+    with tf1.device(tensors[0].device), tf1.control_dependencies(waits):
       return tf.no_op(name='gradients_computed')
+
+
+def _data_wait(tensor):
+  """What waits for `tensor`'s value: its op, or, where the op calls a
+  function (a `tf.function`, TF 2 control flow), an `Identity` of it. Once TF
+  inlines the call, a control edge from it waits only for the function's
+  stateful ops, not for its outputs, nor for the backward ops that feed
+  them (a `dY . W^T` still reading a reference variable)."""
+  if tensor.op.type not in op_kinds.FUNCTION_CALL_OP_TYPES:
+    return tensor
+  with tf1.device(tensor.device):
+    return tf.identity(tensor, name='gradient_value')
 
 
 def wait_for_barriers(result, created, barriers):

@@ -776,3 +776,69 @@ class UpdatePathsTest(tf.test.TestCase, parameterized.TestCase):
 
 if __name__ == '__main__':
   tf.test.main()
+
+
+@tf.function
+def _tanh_layer(x, kernel):
+  return tf.tanh(tf.matmul(x, kernel))
+
+
+def _function_model_fn(features, labels, mode, params):
+  """h = f(x, w) with `f` a `tf.function`, then pred = h . v, on reference
+  variables: dh = dpred . v^T is computed outside the function and feeds
+  its backward call, which gives w's gradient. TF inlines the call, and a
+  control edge from a call then waits only for its stateful ops: v's
+  in-place update must still wait for each tower's dh."""
+  del params
+  with tf1.variable_scope('', use_resource=False):
+    w = tf1.get_variable('w', initializer=np.linspace(
+        -0.6, 0.5, 6, dtype=np.float32).reshape(3, 2))
+    v = tf1.get_variable('v', initializer=np.array(
+        [[0.4], [-0.7]], dtype=np.float32))
+  h = _tanh_layer(features['x'], w)
+  h.set_shape([None, 2])
+  loss = tf1.losses.mean_squared_error(labels, tf1.matmul(h, v))
+  train_op = replicate.TowerOptimizer(
+      tf1.train.GradientDescentOptimizer(1.0)).minimize(
+          loss, tf1.train.get_global_step())
+  return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+class FunctionCallGatingTest(tf.test.TestCase, parameterized.TestCase):
+  """Updates wait for backward reads that feed a function call."""
+
+  def _step(self, devices, **kwargs):
+    """w and v after one SGD step on 8 distinct rows, one inter-op thread
+    (where the race showed in every run)."""
+    x = np.sin(np.arange(24, dtype=np.float32)).reshape(8, 3)
+    y = np.cos(np.arange(8, dtype=np.float32)).reshape(8, 1)
+    with tf.Graph().as_default():
+      tf1.train.get_or_create_global_step()
+      model_fn = _function_model_fn
+      if len(devices) > 1:
+        model_fn = replicate.replicate_model_fn(
+            model_fn, devices=devices, **kwargs)
+      spec = model_fn({'x': tf.constant(x)}, tf.constant(y), mt.TRAIN, None)
+      for hook in spec.training_hooks:
+        hook.begin()
+      with tf1.Session(config=testing.virtual_cpu_config(
+          len(devices), inter_op_parallelism_threads=1)) as sess:
+        sess.run(tf1.global_variables_initializer())
+        for hook in spec.training_hooks:  # REPLICATED: copies set from w, v
+          hook.after_create_session(sess, None)
+        sess.run(spec.train_op)
+        return {name: sess.run(name + ':0') for name in ('w', 'v')}
+
+  @parameterized.named_parameters(
+      ('cloned', {}),
+      ('per_tower', {'tower_build': replicate.TowerBuild.CALL_PER_TOWER}),
+      ('replicated', {
+          'variable_placement': replicate.VariablePlacement.REPLICATED}),
+  )
+  def test_trains_like_one_device(self, kwargs):
+    # Before: v was updated before a tower's dh read it, and w's step came
+    # out different from one device's (e.g. [-0.052 -0.430 ...] against
+    # [-0.111 -0.463 ...] on TF 1.15).
+    one = self._step(mt.cpus(1))
+    for _ in range(2):
+      _assert_same_variables(self, one, self._step(mt.cpus(2), **kwargs))
