@@ -297,7 +297,8 @@ def _concat(tensors, what, rows, expected_shape='[batch, ...]'):
     InvalidArgumentError: if they are scalars (no batch dimension), if tower
       0's is a constant of unequal rows that does not depend on its shard of
       the batch, or a tower's tensor has a static dimension 0 other than its
-      rows.
+      rows, or any static dimension 0 where the rows are counted at run
+      time.
   """
   what = what[:1].upper() + what[1:]
   if tensors[0].shape.ndims == 0:
@@ -336,6 +337,13 @@ def _with_rows(tensor, rows, tower_id, what, expected_shape):
     if static != rows:
       raise errors.InvalidArgumentError(message.format(static, rows))
     return tensor
+  if static is not None:
+    # Rows counted at run time leave a tower's batch dimension unknown when
+    # the graph is built: a size fixed then (a time-major output's time, a
+    # constant) is not the rows, even where it happens to equal them.
+    raise errors.InvalidArgumentError(message.format(
+        '{}, fixed when the graph is built,'.format(static),
+        'a number of rows counted when the step runs'))
   size = tf.shape(tensor, out_type=tf.int64)[0]
   check = tf1.assert_equal(
       size, tf.cast(rows, tf.int64),

@@ -376,6 +376,17 @@ class UnevenBatchGraphTest(tf.test.TestCase):
           # Two rows per row: [2, 2, 2, 0] where the towers got [1, 1, 1, 0].
           self._predict_odd(x, lambda p: tf.concat([p, p], 0),
                             {x: _X[:rows]})
+    with tf.Graph().as_default():
+      # Time-major, 2 steps: [2, rows, 3]. Counted at run time, a tower's
+      # rows are unknown when the graph is built, so a dimension 0 known
+      # then is not the rows, even where 8 rows give each tower 2 (before:
+      # concatenated to [8, 2, 3], one device's [2, 8, 3] mixed up).
+      x = tf1.placeholder(tf.float32, [None, 3])
+      with self.assertRaisesRegex(
+          errors.InvalidArgumentError,
+          message.format('2, fixed when the graph is built,',
+                         'a number of rows counted when the step runs')):
+        self._predict_odd(x, lambda p: tf.stack([p, 2.0 * p]), {x: _X[:8]})
     with tf.Graph().as_default():  # a scalar: no rows at all
       with self.assertRaisesRegex(
           errors.InvalidArgumentError,
@@ -498,7 +509,6 @@ class UnevenBatchGraphTest(tf.test.TestCase):
             r'labels has 8 rows in dimension 0, but the batch has \(known '
             r'at run time\) \(features\[.{1,2}x.{1,2}\], .*unsplit_features'):
           sess.run(spec.train_op, {x: _X[:5]})
-
 
 
 def _per_batch_model_fn(features, labels, mode):
@@ -818,6 +828,7 @@ class RowSumMetricTest(parameterized.TestCase, tf.test.TestCase):
         r'shards'.format(refused, refused)):
       _evaluate_beside_one_device(self, _row_sums_model_fn,
                                   {'refused': refused}, 16, 8)
+
 
 if __name__ == '__main__':
   tf.test.main()
