@@ -265,6 +265,12 @@ def set_summary_state(state, first_replica):
     setattr(holder, field, value)
 
 
+def in_control_flow(op):
+  """Whether `op` was made inside a TF1 `cond` or `while_loop`, where an op
+  from outside cannot be its control input."""
+  return op._get_control_flow_context() is not None  # pylint: disable=protected-access
+
+
 def add_control_inputs(op, controls):
   """Makes the existing `op` wait for the `Operation`s `controls` too (no
   public API; TF's own control flow adds edges to earlier ops this way)."""

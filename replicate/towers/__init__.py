@@ -10,7 +10,8 @@ update views (`tower_collections`), what `TowerOptimizer` does in a tower
 all-reduced, applied once), variable and op placement
 (`device_setter`), merging the towers' EstimatorSpecs (`tower_specs`; their
 EVAL metrics: `metric_merge`, and what each metric write adds:
-`metric_terms`), the copies of `VariablePlacement.REPLICATED`
+`metric_terms`), what a tower given no rows may write (`empty_towers`),
+the copies of `VariablePlacement.REPLICATED`
 (`replicated_variables`) and the unreplicated graph of a SavedModel export
 (`serving`). `replicate/model_fn.py`
 and `replicate/tower_optimizer.py` are the public facades.

@@ -18,6 +18,7 @@ from replicate.core import checks
 from replicate.core import op_kinds
 from replicate.towers import batch_split
 from replicate.towers import device_setter
+from replicate.towers import empty_towers
 from replicate.towers import output_copies
 from replicate.towers import step_checks
 from replicate.towers import tower_cloning
@@ -217,6 +218,9 @@ def build(model_fn, features, labels, mode, params, config, placement,
     if mode == ModeKeys.TRAIN:
       step_checks.check_only_tower_optimizers_update(replication,
                                                      spec.train_op)
+      empty_towers.write_checks(
+          spec.train_op, [[t for t in inputs if t is not None]
+                          for inputs in flat_inputs], split.rows)
       tower_collections.order_update_writes(
           collections.added(tower_collections.UPDATE_TOWER_ID,
                             tf1.GraphKeys.UPDATE_OPS), spec.train_op)

@@ -774,9 +774,6 @@ class UpdatePathsTest(tf.test.TestCase, parameterized.TestCase):
     # the model input's gradient in the step, as on one device.
     self.assertEqual(8, checked)
 
-if __name__ == '__main__':
-  tf.test.main()
-
 
 @tf.function
 def _tanh_layer(x, kernel):
@@ -842,3 +839,7 @@ class FunctionCallGatingTest(tf.test.TestCase, parameterized.TestCase):
     one = self._step(mt.cpus(1))
     for _ in range(2):
       _assert_same_variables(self, one, self._step(mt.cpus(2), **kwargs))
+
+
+if __name__ == '__main__':
+  tf.test.main()

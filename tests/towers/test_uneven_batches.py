@@ -830,5 +830,84 @@ class RowSumMetricTest(parameterized.TestCase, tf.test.TestCase):
                                   {'refused': refused}, 16, 8)
 
 
+def _every_tower_writes_model_fn(features, labels, mode, params):
+  """A linear model whose forward pass writes from the tower's rows in the
+  control_dependencies around minimize, so every tower writes:
+  `params['write']` is 'keras_bn' (a Keras BatchNormalization layer's
+  updates), 'moving_mean' (a hand-made moving average of the batch mean) or
+  'rows' (a count of the rows seen: finite on no rows)."""
+  x = features['x']
+  if params['write'] == 'keras_bn':
+    layer = tf.keras.layers.BatchNormalization()
+    x = layer(x, training=True)
+    updates = layer.updates
+  else:
+    state = tf1.get_variable('state', [3] if params['write'] == 'moving_mean'
+                             else [], initializer=tf1.zeros_initializer(),
+                             trainable=False)
+    updates = [tf1.assign(state, 0.9 * state + 0.1 * tf.reduce_mean(x, 0))
+               if params['write'] == 'moving_mean' else
+               tf1.assign_add(state, tf.cast(tf.shape(x)[0], tf.float32))]
+  prediction = tf1.layers.dense(
+      x, 1, kernel_initializer=tf1.constant_initializer([0.5, -0.3, 0.2]),
+      name='out')
+  loss = tf1.losses.mean_squared_error(labels, prediction)
+  with tf.control_dependencies(updates):
+    train_op = replicate.TowerOptimizer(
+        tf1.train.GradientDescentOptimizer(0.1)).minimize(
+            loss, tf1.train.get_global_step())
+  return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+class EmptyTowerWritesTest(tf.test.TestCase, parameterized.TestCase):
+  """A tower given no rows writes no NaN into shared state."""
+
+  def _train(self, write, rows, **kwargs):
+    """The variables after one epoch of `rows` rows in batches of 8 on 4
+    towers, through an Estimator."""
+    x, y = _X[:rows].astype(np.float32), _Y[:rows].astype(np.float32)
+
+    def input_fn():
+      return tf1.data.Dataset.from_tensor_slices(({'x': x}, y)).batch(8)
+
+    estimator = tf1.estimator.Estimator(
+        replicate.replicate_model_fn(
+            _every_tower_writes_model_fn,
+            devices=replicate.testing.virtual_cpu_devices(TOWERS), **kwargs),
+        model_dir=self.get_temp_dir() + '/' + write + str(rows),
+        config=tf1.estimator.RunConfig(
+            session_config=replicate.testing.virtual_cpu_config(TOWERS)),
+        params={'write': write})
+    estimator.train(input_fn)
+    return {name: estimator.get_variable_value(name)
+            for name in estimator.get_variable_names()}
+
+  @parameterized.named_parameters(
+      ('keras_bn', 'keras_bn', {}),
+      ('moving_mean', 'moving_mean', {}),
+      ('moving_mean_per_tower', 'moving_mean',
+       {'tower_build': replicate.TowerBuild.CALL_PER_TOWER}),
+      ('moving_mean_replicated', 'moving_mean',
+       {'variable_placement': replicate.VariablePlacement.REPLICATED}),
+  )
+  def test_a_mean_over_no_rows_fails_the_step(self, write, kwargs):
+    # 18 rows: batches of 8, 8 and 2; the last gives towers 2 and 3 none,
+    # whose mean is NaN (before: written, silently; every later prediction
+    # NaN).
+    with self.assertRaisesRegex(
+        tf.errors.InvalidArgumentError,
+        r'Tower [23] of 4 was given no rows of this batch .* writes a variable '
+        r'an amount that is not finite .*UPDATE_OPS.* at least 4 rows'):
+      self._train(write, 18, **kwargs)
+    # 16 rows: no tower goes without rows.
+    variables = self._train(write, 16, **kwargs)
+    self.assertTrue(all(np.all(np.isfinite(v)) for v in variables.values()))
+
+  def test_a_finite_write_on_no_rows_runs(self):
+    # Each tower adds its rows: 8 + 8 + 2 (towers given [1, 1, 0, 0]) = 18,
+    # as one device counts.
+    self.assertAllEqual(18.0, self._train('rows', 18)['state'])
+
+
 if __name__ == '__main__':
   tf.test.main()

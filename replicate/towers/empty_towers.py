@@ -1,0 +1,158 @@
+"""What a tower given no rows writes.
+
+Rows go to towers as evenly as a batch allows, so a batch with fewer rows
+than towers gives the last towers none. Their losses count exactly 0
+(batch_split.py), but a write that every tower makes from its own rows (a
+Keras `BatchNormalization` layer's `updates` in the `control_dependencies`
+around `minimize`, a hand-made moving average of the batch mean) runs in
+them too, as a `model_fn` call on no rows would make it: a mean over no
+rows is NaN, and written into shared state it would turn every later step
+and prediction into NaN, where one device, given all the rows, writes a
+number. Such a write fails the step instead (`write_checks`) where its
+amount is not finite; a finite one (a count of rows, adding 0) runs.
+
+May import `_compat` and `core`.
+"""
+import tensorflow as tf
+
+from replicate import _compat
+from replicate._compat import tf1
+from replicate.core import op_kinds
+
+
+def write_checks(train_op, tower_inputs, tower_rows):
+  """Makes each tower's writes from its own rows check that it had rows or
+  writes a finite amount.
+
+  Args:
+    train_op: the merged step's train op.
+    tower_inputs: per tower, the tensors of its shard (features and labels,
+      flattened; tensors every tower shares are left out here).
+    tower_rows: per tower, its rows: scalar tensors where the rows are
+      counted at run time, else None (a static split gives no tower none).
+
+  Returns:
+    The assertions made: each a control input of its write, or of
+    `train_op` where the write is inside a `cond` or `while_loop` that
+    `train_op` runs (the write then runs, but the step fails).
+  """
+  if not tower_rows or len(tower_inputs) < 2:
+    return []
+  train_op = op_kinds.op_of(train_op)
+  shared = set(tower_inputs[0]) & set(tower_inputs[1])
+  sources = {}
+  for tower_id, inputs in enumerate(tower_inputs):
+    for tensor in inputs:
+      if tensor not in shared:
+        sources[tensor] = sources.get(tensor, 0) | 1 << tower_id
+  towers = {}  # op: the towers whose rows it reads, bit i for tower i
+  checks = []
+  cone = None
+  for write in train_op.graph.get_operations():
+    if not _may_write(write.type):
+      continue
+    amounts = _written_amounts(write)
+    bits = _towers_read(amounts, sources, towers)
+    tower_id = bits.bit_length() - 1
+    if tower_id < 1 or bits != 1 << tower_id:
+      continue  # reads tower 0's rows, several towers' or none
+    check = _check(write, amounts, tower_id, len(tower_inputs),
+                   tower_rows[tower_id])
+    if not _compat.in_control_flow(write):
+      _compat.add_control_inputs(write, [check])  # runs where the write runs
+    else:
+      cone = cone or op_kinds.backward_cone([train_op])
+      if write not in cone:
+        continue
+      _compat.add_control_inputs(train_op, [check])
+    checks.append(check)
+  return checks
+
+
+def _may_write(op_type):
+  """Whether ops of `op_type` may write a variable from an amount (the
+  optimizers' updates apply the towers' summed gradients: every tower's)."""
+  return op_type.startswith('Assign') or 'Scatter' in op_type or (
+      op_type.endswith('StridedSliceAssign'))
+
+
+def _towers_read(tensors, sources, towers):
+  """The towers whose rows `tensors` depend on through data inputs, as bits
+  of the tower ids; `sources` gives each shard tensor's (tensors, not their
+  ops: one split op makes every tower's shard). `towers` memoizes ops
+  across calls. A loop's back edge is cut where it meets an op whose
+  inputs are being walked: the loop's inputs carry the rows in."""
+  bits = 0
+  pending = []
+  for tensor in tensors:
+    bits |= sources.get(tensor, 0)
+    pending.append((tensor.op, False))
+  walking = set()
+  while pending:
+    op, inputs_done = pending.pop()
+    if inputs_done:
+      walking.discard(op)
+      towers[op] = 0
+      for tensor in op.inputs:
+        towers[op] |= sources.get(tensor, 0) | towers.get(tensor.op, 0)
+      continue
+    if op in towers or op in walking:
+      continue
+    walking.add(op)
+    pending.append((op, True))
+    pending.extend((t.op, False) for t in op.inputs
+                   if t.op not in towers and t.op not in walking)
+  for tensor in tensors:
+    bits |= towers.get(tensor.op, 0)
+  return bits
+
+
+def _written_amounts(op):
+  """The floating-point amounts `op` writes into a variable, if it writes
+  one (`Assign*`, `ScatterUpdate`, ...; not the optimizers' updates, which
+  apply the towers' summed gradients and read every tower's rows)."""
+  if (op.type in op_kinds.VARIABLE_READER_OP_TYPES or
+      op.type in op_kinds.VARIABLE_FORWARD_OP_TYPES or
+      op.type in op_kinds.FUNCTION_CALL_OP_TYPES):
+    return []
+  takes_refs = any(arg.is_ref for arg in op.op_def.input_arg)
+  if not any(_is_variable_handle(t) for t in op.inputs
+             if t.dtype == tf.resource or takes_refs):
+    return []
+  return [t for t in op.inputs
+          if t.dtype.is_floating and not op_kinds.is_variable(t)]
+
+
+def _is_variable_handle(tensor):
+  """Whether `tensor` is a variable's ref or handle, passed on or not (not
+  a lookup table's or an iterator's)."""
+  while op_kinds.is_variable(tensor):
+    if tensor.op.type in op_kinds.VARIABLE_OP_TYPES:
+      return True
+    if tensor.op.type not in op_kinds.VARIABLE_FORWARD_OP_TYPES:
+      return False
+    tensor = tensor.op.inputs[0]
+  return False
+
+
+def _check(write, amounts, tower_id, num_towers, rows):
+  # Where the amount is made: only a boolean crosses devices.
+  with tf1.name_scope('empty_tower_check'), \
+      tf1.colocate_with(amounts[0].op, ignore_existing=True):
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t))
+                            for t in amounts])
+    return tf1.assert_equal(
+        tf.logical_or(tf.greater(rows, 0), finite), True,
+        message=(
+            'Tower {} of {} was given no rows of this batch (fewer rows than '
+            'towers), and its op {} writes a variable an amount that is not '
+            'finite (a mean over no rows is NaN). Every tower makes this '
+            'write from its own rows, as a model_fn call per tower would '
+            '(e.g. a Keras BatchNormalization layer\'s updates in the '
+            'control_dependencies around minimize); written, the NaN would '
+            'reach every later step and prediction. Add such updates to '
+            'tf.compat.v1.GraphKeys.UPDATE_OPS (tower 0\'s run), or give '
+            'every batch at least {} rows (e.g. batch(..., '
+            'drop_remainder=True)).'.format(tower_id, num_towers,
+                                            write.name, num_towers)),
+        data=['Rows of tower {}:'.format(tower_id), rows])
