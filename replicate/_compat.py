@@ -266,8 +266,7 @@ def set_summary_state(state, first_replica):
 
 
 def in_control_flow(op):
-  """Whether `op` was made inside a TF1 `cond` or `while_loop`, where an op
-  from outside cannot be its control input."""
+  """Whether `op` is in a TF1 cond or loop (no outside control input)."""
   return op._get_control_flow_context() is not None  # pylint: disable=protected-access
 
 
@@ -279,11 +278,9 @@ def add_control_inputs(op, controls):
 
 # --- replicate_model_fn: SavedModel export ---
 
-# The method of `tf.estimator.Estimator` (tensorflow_estimator 1.15 and 2.15)
-# that builds the graph of one mode of a SavedModel; `export_saved_model`,
-# `export_savedmodel` and `experimental_export_all_saved_models` all reach
-# `model_fn` through it, and nothing else does (`predict()` calls
-# `_call_model_fn` from `Estimator.predict`).
+# The `tf.estimator.Estimator` method (tensorflow_estimator 1.15 and 2.15)
+# that builds one mode of a SavedModel: every export reaches `model_fn` through
+# it, and nothing else does (`predict()` calls `_call_model_fn` itself).
 _EXPORT_METHOD = '_add_meta_graph_for_mode'
 _ESTIMATOR_MODULES = ('tensorflow_estimator.', 'tensorflow.python.estimator.')
 
@@ -432,10 +429,9 @@ def save_slice_info(variable):
   return getattr(variable, '_save_slice_info', None)
 
 
-# At most how many ops TF 1.15 makes after deriving a random op's seed from
-# the graph and before the op: 1 for each of its random ops
-# (`random_uniform`, `dropout`, `truncated_normal`, `multinomial`,
-# `random_shuffle`, the candidate samplers, ...).
+# At most how many ops TF 1.15 makes after deriving a random op's seed from the
+# graph and before the op: 1 for each of its random ops (`random_uniform`,
+# `dropout`, `truncated_normal`, `random_shuffle`, the candidate samplers...).
 _DERIVED_SEED_GAP = 4
 
 
