@@ -11,13 +11,14 @@ and prediction into NaN, where one device, given all the rows, writes a
 number. Such a write fails the step instead (`write_checks`) where its
 amount is not finite; a finite one (a count of rows, adding 0) runs.
 
-May import `_compat` and `core`.
+May import `_compat`, `core` and `step_checks`.
 """
 import tensorflow as tf
 
 from replicate import _compat
 from replicate._compat import tf1
 from replicate.core import op_kinds
+from replicate.towers import step_checks
 
 
 def write_checks(train_op, tower_inputs, tower_rows):
@@ -109,30 +110,12 @@ def _towers_read(tensors, sources, towers):
 
 def _written_amounts(op):
   """The floating-point amounts `op` writes into a variable, if it writes
-  one (`Assign*`, `ScatterUpdate`, ...; not the optimizers' updates, which
-  apply the towers' summed gradients and read every tower's rows)."""
-  if (op.type in op_kinds.VARIABLE_READER_OP_TYPES or
-      op.type in op_kinds.VARIABLE_FORWARD_OP_TYPES or
-      op.type in op_kinds.FUNCTION_CALL_OP_TYPES):
-    return []
-  takes_refs = any(arg.is_ref for arg in op.op_def.input_arg)
-  if not any(_is_variable_handle(t) for t in op.inputs
-             if t.dtype == tf.resource or takes_refs):
+  one (not a lookup table or an iterator)."""
+  if op.type in op_kinds.FUNCTION_CALL_OP_TYPES or not any(
+      step_checks.variable_op(t) is not None for t in step_checks.written(op)):
     return []
   return [t for t in op.inputs
           if t.dtype.is_floating and not op_kinds.is_variable(t)]
-
-
-def _is_variable_handle(tensor):
-  """Whether `tensor` is a variable's ref or handle, passed on or not (not
-  a lookup table's or an iterator's)."""
-  while op_kinds.is_variable(tensor):
-    if tensor.op.type in op_kinds.VARIABLE_OP_TYPES:
-      return True
-    if tensor.op.type not in op_kinds.VARIABLE_FORWARD_OP_TYPES:
-      return False
-    tensor = tensor.op.inputs[0]
-  return False
 
 
 def _check(write, amounts, tower_id, num_towers, rows):

@@ -305,8 +305,8 @@ def check_no_tower_state_written(replication, created):
   if any(name.startswith(tower_scope) for name in trainable):
     return
   for op in created:
-    for tensor in _written(op):
-      variable = _variable_op(tensor)
+    for tensor in written(op):
+      variable = variable_op(tensor)
       if (variable is None or not variable.name.startswith(tower_scope) or
           variable.name in trainable):
         continue
@@ -350,7 +350,7 @@ def check_only_tower_optimizers_update(replication, train_op):
         not op.type.startswith(op_kinds.OPTIMIZER_UPDATE_PREFIXES) or
         not op.inputs):
       continue
-    variable = _variable_op(op.inputs[0])
+    variable = variable_op(op.inputs[0])
     if variable in trainable:
       raise errors.InvalidArgumentError(
           'Trainable variable {} is updated by {} ({}), which no '
@@ -363,7 +363,7 @@ def check_only_tower_optimizers_update(replication, train_op):
               variable.name, op.name, op.type))
 
 
-def _written(op):
+def written(op):
   """The refs and resource handles `op` may write (a function call's too)."""
   if (op.type in op_kinds.VARIABLE_READER_OP_TYPES or
       op.type in op_kinds.VARIABLE_FORWARD_OP_TYPES):
@@ -381,7 +381,7 @@ def _has_op(graph, name):
   return True
 
 
-def _variable_op(tensor):
+def variable_op(tensor):
   """The variable op a ref or resource tensor stands for, or None."""
   seen = set()
   while tensor.op not in seen:
