@@ -57,15 +57,15 @@ def write_checks(train_op, tower_inputs, tower_rows):
     tower_id = bits.bit_length() - 1
     if tower_id < 1 or bits != 1 << tower_id:
       continue  # reads tower 0's rows, several towers' or none
+    # Only what the step runs: a tower built by a call makes batch-norm
+    # updates that never run (tower 0's run).
+    cone = cone or op_kinds.backward_cone([train_op])
+    if write not in cone:
+      continue
     check = _check(write, amounts, tower_id, len(tower_inputs),
                    tower_rows[tower_id])
-    if not _compat.in_control_flow(write):
-      _compat.add_control_inputs(write, [check])  # runs where the write runs
-    else:
-      cone = cone or op_kinds.backward_cone([train_op])
-      if write not in cone:
-        continue
-      _compat.add_control_inputs(train_op, [check])
+    _compat.add_control_inputs(
+        train_op if _compat.in_control_flow(write) else write, [check])
     checks.append(check)
   return checks
 

@@ -903,6 +903,38 @@ class EmptyTowerWritesTest(tf.test.TestCase, parameterized.TestCase):
     variables = self._train(write, 16, **kwargs)
     self.assertTrue(all(np.all(np.isfinite(v)) for v in variables.values()))
 
+  def test_updates_that_never_run_get_no_check(self):
+    # Towers built by calls make batch-norm updates in UPDATE_OPS, of which
+    # only tower 0's run: no check is built for the others', and 2 rows on
+    # 4 towers train.
+    def model_fn(features, labels, mode, params):
+      del params
+      x = tf1.layers.batch_normalization(features['x'], training=True)
+      loss = tf1.losses.mean_squared_error(labels, tf1.layers.dense(x, 1))
+      with tf.control_dependencies(
+          tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
+        train_op = replicate.TowerOptimizer(
+            tf1.train.GradientDescentOptimizer(0.1)).minimize(
+                loss, tf1.train.get_global_step())
+      return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    with tf.Graph().as_default() as graph:
+      tf1.train.get_or_create_global_step()
+      x = tf1.placeholder(tf.float32, [None, 3])
+      y = tf1.placeholder(tf.float32, [None, 1])
+      spec = replicate.replicate_model_fn(
+          model_fn, devices=replicate.testing.virtual_cpu_devices(TOWERS),
+          tower_build=replicate.TowerBuild.CALL_PER_TOWER)(
+              {'x': x}, y, TRAIN, None)
+      self.assertEmpty([op.name for op in graph.get_operations()
+                        if 'empty_tower_check' in op.name])
+      with tf1.Session(config=replicate.testing.virtual_cpu_config(
+          TOWERS)) as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(spec.train_op, {x: _X[:2], y: _Y[:2]})
+        self.assertTrue(all(np.all(np.isfinite(v)) for v in sess.run(
+            tf1.global_variables())))
+
   def test_a_finite_write_on_no_rows_runs(self):
     # Each tower adds its rows: 8 + 8 + 2 (towers given [1, 1, 0, 0]) = 18,
     # as one device counts.
