@@ -9,7 +9,9 @@ them too, as a `model_fn` call on no rows would make it: a mean over no
 rows is NaN, and written into shared state it would turn every later step
 and prediction into NaN, where one device, given all the rows, writes a
 number. Such a write fails the step instead (`write_checks`) where its
-amount is not finite; a finite one (a count of rows, adding 0) runs.
+amount is not finite; a finite one (a count of rows, adding 0) runs. A
+function call or TF 2 `cond` whose functions write a variable it gets counts
+as a write of its floating-point inputs.
 
 May import `_compat`, `core` and `step_checks`.
 """
@@ -47,12 +49,15 @@ def write_checks(train_op, tower_inputs, tower_rows):
       if tensor not in shared:
         sources[tensor] = sources.get(tensor, 0) | 1 << tower_id
   towers = {}  # op: the towers whose rows it reads, bit i for tower i
+  bodies = {}  # function name: whether it writes a variable
   checks = []
   cone = None
   for write in train_op.graph.get_operations():
-    if not _may_write(write.type):
+    if not (_may_write(write.type) or
+            write.type in op_kinds.FUNCTION_CALL_OP_TYPES or
+            _compat.is_graph_function(write.graph, write.type)):
       continue
-    amounts = _written_amounts(write)
+    amounts = _written_amounts(write, bodies)
     bits = _towers_read(amounts, sources, towers)
     tower_id = bits.bit_length() - 1
     if tower_id < 1 or bits != 1 << tower_id:
@@ -108,14 +113,40 @@ def _towers_read(tensors, sources, towers):
   return bits
 
 
-def _written_amounts(op):
+def _written_amounts(op, bodies):
   """The floating-point amounts `op` writes into a variable, if it writes
-  one (not a lookup table or an iterator)."""
-  if op.type in op_kinds.FUNCTION_CALL_OP_TYPES or not any(
-      step_checks.variable_op(t) is not None for t in step_checks.written(op)):
+  one (not a lookup table or an iterator). A function call or TF 2 `cond`
+  (Keras batch normalization's update under a tensor `training`) that gets
+  a variable writes it where its functions hold a write: its amounts are
+  its floating-point inputs. `bodies` memoizes functions by name."""
+  if not any(step_checks.variable_op(t) is not None
+             for t in step_checks.written(op)):
+    return []
+  if (op.type in op_kinds.FUNCTION_CALL_OP_TYPES or _compat.is_graph_function(
+      op.graph, op.type)) and not _calls_write(op.graph, op.node_def, bodies):
     return []
   return [t for t in op.inputs
           if t.dtype.is_floating and not op_kinds.is_variable(t)]
+
+
+def _calls_write(graph, node_def, bodies):
+  """Whether a function that `node_def` calls (by its type, or through a
+  function attribute: a branch, a loop's body) holds a write, nested calls
+  included."""
+  names = [node_def.op] if _compat.is_graph_function(graph, node_def.op) else []
+  for attr in node_def.attr.values():
+    names.extend([attr.func.name] if attr.func.name else [])
+    names.extend(func.name for func in attr.list.func)
+  for name in names:
+    if name not in bodies:
+      bodies[name] = False  # a recursive call adds nothing
+      definition = _compat.graph_function_def(graph, name)
+      bodies[name] = definition is not None and any(
+          _may_write(node.op) or _calls_write(graph, node, bodies)
+          for node in definition.node_def)
+    if bodies[name]:
+      return True
+  return False
 
 
 def _check(write, amounts, tower_id, num_towers, rows):
@@ -128,8 +159,8 @@ def _check(write, amounts, tower_id, num_towers, rows):
         tf.logical_or(tf.greater(rows, 0), finite), True,
         message=(
             'Tower {} of {} was given no rows of this batch (fewer rows than '
-            'towers), and its op {} writes a variable an amount that is not '
-            'finite (a mean over no rows is NaN). Every tower makes this '
+            'towers), and its op {} writes a variable from an amount that is '
+            'not finite (a mean over no rows is NaN). Every tower makes this '
             'write from its own rows, as a model_fn call per tower would '
             '(e.g. a Keras BatchNormalization layer\'s updates in the '
             'control_dependencies around minimize); written, the NaN would '

@@ -834,12 +834,15 @@ def _every_tower_writes_model_fn(features, labels, mode, params):
   """A linear model whose forward pass writes from the tower's rows in the
   control_dependencies around minimize, so every tower writes:
   `params['write']` is 'keras_bn' (a Keras BatchNormalization layer's
-  updates), 'moving_mean' (a hand-made moving average of the batch mean) or
-  'rows' (a count of the rows seen: finite on no rows)."""
+  updates), 'keras_bn_tensor_training' (the same with `training` a tensor:
+  its updates are `cond`s that write, TF 2's `If` or TF1's `Switch`),
+  'moving_mean' (a hand-made moving average of the batch mean) or 'rows' (a
+  count of the rows seen: finite on no rows)."""
   x = features['x']
-  if params['write'] == 'keras_bn':
+  if params['write'].startswith('keras_bn'):
     layer = tf.keras.layers.BatchNormalization()
-    x = layer(x, training=True)
+    x = layer(x, training=True if params['write'] == 'keras_bn' else
+              tf1.placeholder_with_default(True, []))
     updates = layer.updates
   else:
     state = tf1.get_variable('state', [3] if params['write'] == 'moving_mean'
@@ -875,8 +878,12 @@ class EmptyTowerWritesTest(tf.test.TestCase, parameterized.TestCase):
             _every_tower_writes_model_fn,
             devices=replicate.testing.virtual_cpu_devices(TOWERS), **kwargs),
         model_dir=self.get_temp_dir() + '/' + write + str(rows),
+        # Soft placement, as the Estimator's default: a Keras update's
+        # `If` puts its inlined body on the tower's device and colocates it
+        # with the variable.
         config=tf1.estimator.RunConfig(
-            session_config=replicate.testing.virtual_cpu_config(TOWERS)),
+            session_config=replicate.testing.virtual_cpu_config(
+                TOWERS, allow_soft_placement=True)),
         params={'write': write})
     estimator.train(input_fn)
     return {name: estimator.get_variable_value(name)
@@ -884,6 +891,9 @@ class EmptyTowerWritesTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(
       ('keras_bn', 'keras_bn', {}),
+      ('keras_bn_tensor_training', 'keras_bn_tensor_training', {}),
+      ('keras_bn_tensor_training_replicated', 'keras_bn_tensor_training',
+       {'variable_placement': replicate.VariablePlacement.REPLICATED}),
       ('moving_mean', 'moving_mean', {}),
       ('moving_mean_per_tower', 'moving_mean',
        {'tower_build': replicate.TowerBuild.CALL_PER_TOWER}),
@@ -897,7 +907,7 @@ class EmptyTowerWritesTest(tf.test.TestCase, parameterized.TestCase):
     with self.assertRaisesRegex(
         tf.errors.InvalidArgumentError,
         r'Tower [23] of 4 was given no rows of this batch .* writes a variable '
-        r'an amount that is not finite .*UPDATE_OPS.* at least 4 rows'):
+        r'from an amount that is not finite .*UPDATE_OPS.* at least 4 rows'):
       self._train(write, 18, **kwargs)
     # 16 rows: no tower goes without rows.
     variables = self._train(write, 16, **kwargs)
