@@ -33,6 +33,14 @@ class StructureMismatchError(InvalidArgumentError, AssertionError):
   """
 
 
+class AssertedArgumentError(InvalidArgumentError, AssertionError):
+  """A bad argument that TF checks with an `assert`.
+
+  Also an `AssertionError`, which TF's `MirroredStrategy` raises for repeated
+  devices or both `cross_device_ops` and `cross_tower_ops`.
+  """
+
+
 class ContextError(Error, RuntimeError):
   """A method was called in a context (replica, cross-replica, scope) where it is not allowed."""
 

@@ -25,6 +25,44 @@ def default_devices():
   return _compat.local_gpu_devices() or ['/device:CPU:0']
 
 
+def devices_or_gpus(devices, num_gpus, num_gpus_per_worker):
+  """`devices`, or contrib `MirroredStrategy`'s `num_gpus` GPUs.
+
+  Args:
+    devices: a device list, or None for `default_devices()`.
+    num_gpus: None, or GPUs 0 to `num_gpus` - 1 (the CPU for 0), as TF's
+      `all_local_devices(num_gpus)`.
+    num_gpus_per_worker: contrib's other name for `num_gpus`.
+
+  Returns:
+    The devices, unchecked (`check_device_list` checks them).
+
+  Raises:
+    InvalidArgumentError: if both counts, or a count and `devices`, are
+      given, or a count is negative (TF's phrases first).
+    InvalidTypeError: if a count is not an int.
+  """
+  if num_gpus is not None and num_gpus_per_worker is not None:
+    raise errors.InvalidArgumentError(
+        'You cannot specify both `num_gpus` and `num_gpus_per_worker`.')
+  num_gpus = num_gpus if num_gpus is not None else num_gpus_per_worker
+  if num_gpus is None:
+    return default_devices() if devices is None else devices
+  if devices is not None:
+    raise errors.InvalidArgumentError(
+        'Must only specify one of `devices` and `num_gpus_per_worker`. '  # TF's
+        'Got devices={!r} and {} GPUs; pass one of the two.'.format(
+            devices, num_gpus))
+  if isinstance(num_gpus, bool) or not isinstance(num_gpus, int):
+    raise errors.InvalidTypeError(
+        'num_gpus must be an int, got {!r}.'.format(num_gpus))
+  if num_gpus < 0:
+    raise errors.InvalidArgumentError(
+        'num_gpus must be 0 or more, got {}.'.format(num_gpus))
+  return ['/device:GPU:{}'.format(i) for i in range(num_gpus)] or [
+      '/device:CPU:0']
+
+
 def check_device_list(devices):
   """Validates a list of devices; one tower or replica per device.
 
@@ -37,8 +75,10 @@ def check_device_list(devices):
 
   Raises:
     InvalidTypeError: if `devices` is not a list or tuple of strings.
-    InvalidArgumentError: if `devices` is empty, a device cannot be parsed or
-      names no device type, or two entries (in any spellings) name the same
+    InvalidArgumentError: if `devices` is empty, or a device cannot be
+      parsed or names no device type.
+    AssertedArgumentError: (an `InvalidArgumentError` and, as TF's, an
+      `AssertionError`) if two entries (in any spellings) name the same
       device.
   """
   if isinstance(devices, str) or not isinstance(
@@ -66,11 +106,12 @@ def check_device_list(devices):
           '"/device:GPU:0" or "/cpu:0".'.format(device))
     canonical = device_util.canonicalize(spec)
     if canonical in seen:
-      raise errors.InvalidArgumentError(
-          'Device {!r} is listed twice in devices {}: {!r} and {!r} both are '
-          '{}, so the devices name the same device more than once (two '
-          'towers on one device). List each device once.'.format(
-              device, list(devices), seen[canonical], device, canonical))
+      raise errors.AssertedArgumentError(
+          'No duplicates allowed in `devices` argument: {}. '  # TF's phrase
+          'Device {!r} is listed twice: {!r} and {!r} both are {}, so the '
+          'devices name the same device more than once (two towers on one '
+          'device). List each device once.'.format(
+              list(devices), device, seen[canonical], device, canonical))
     seen[canonical] = device
     normalized.append(spec.to_string())
   return normalized

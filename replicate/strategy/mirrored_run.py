@@ -405,11 +405,53 @@ def select_replica(device, structure, keep=()):
 
   Returns:
     The nest with each other `DistributedValues` replaced by its value there.
+    A `Mirrored` with no copy there (reduced or broadcast to one device)
+    gives its primary copy, read across devices: its copies are equal, and
+    contrib handed such a value over as one tensor.
+
+  Raises:
+    InvalidArgumentError: if a `PerReplica` leaf has no value on `device`.
   """
   def select(leaf):
     if isinstance(leaf, keep):
       return leaf
+    if isinstance(leaf, values_lib.Mirrored) and not leaf.on_device(device):
+      return leaf.get(leaf.primary_device)
     if isinstance(leaf, values_lib.DistributedValues):
       return leaf.get(device)
     return leaf
   return tf.nest.map_structure(select, structure)
+
+
+def regroup_updates(results, devices, group):
+  """Per leaf of the update results, as TF's MirroredStrategy returns them.
+
+  Args:
+    results: what the update function returned, per device.
+    devices: the devices, in the order of `results`.
+    group: False for the tuple of results per leaf. True for one op running
+      every device's update where the results are ops, and where they are
+      tensors (e.g. what `assign(..., read_value=True)` returns) a
+      `Mirrored` of their values, each read once every device's update ran.
+
+  Returns:
+    The nest of `results[0]`, with a leaf as described for `group`.
+  """
+  flats = [tf.nest.flatten(r) for r in results]
+  leaves = []
+  for column in zip(*flats):
+    present = [(d, c) for d, c in zip(devices, column) if c is not None]
+    if not present:
+      leaves.append(None)
+    elif not group:
+      leaves.append(tuple(column))
+    elif all(tf.is_tensor(c) for _, c in present):
+      every_update = tf.group(*[c for _, c in present])
+      values = {}
+      for device, value in present:
+        with tf.device(device), tf.control_dependencies([every_update]):
+          values[device] = tf.identity(value)
+      leaves.append(values_lib.Mirrored(values))
+    else:
+      leaves.append(tf.group(*[c for _, c in present]))
+  return tf.nest.pack_sequence_as(results[0], leaves)

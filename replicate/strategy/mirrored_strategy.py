@@ -327,7 +327,8 @@ class MirroredExtended(strategy_extended.StrategyExtended):
           tf1.name_scope('update_{}'.format(i)):
         results.append(fn(copy, *self._select(device, args),
                           **self._select(device, kwargs)))
-    return _regroup_updates(results, [device for device, _ in pairs], group)
+    return mirrored_run.regroup_updates(
+        results, [device for device, _ in pairs], group)
 
   def _non_slot_devices(self, var_list):
     del var_list  # Every device holds a copy of every non-slot variable.
@@ -340,7 +341,7 @@ class MirroredExtended(strategy_extended.StrategyExtended):
           tf1.name_scope('update_{}'.format(i)):
         results.append(fn(*self._select(device, args),
                           **self._select(device, kwargs)))
-    return _regroup_updates(results, list(colocate_with), group)
+    return mirrored_run.regroup_updates(results, list(colocate_with), group)
 
   def _select(self, device, structure):
     return mirrored_run.select_replica(device, structure)
@@ -381,7 +382,8 @@ def _unmirrored():
 
 
 def _check_not_estimator(fn):
-  """Refuses `Estimator(config=RunConfig(train_distribute=<ours>))`.
+  """Refuses `Estimator(config=RunConfig(train_distribute=<ours>))` (or
+  `eval_distribute`).
 
   TF's Estimator drives `tf.distribute` strategies through their private
   methods and expects a tensor loss back; with ours it would end in an
@@ -390,9 +392,9 @@ def _check_not_estimator(fn):
   if isinstance(getattr(fn, '__self__', None), tf1.estimator.Estimator):
     raise errors.InvalidTypeError(
         'replicate.MirroredStrategy cannot be an Estimator\'s '
-        'RunConfig(train_distribute=...) (TF\'s Estimator only drives '
-        'tf.distribute strategies). For an Estimator, wrap its model_fn: '
-        'tf.estimator.Estimator(replicate.replicate_model_fn(model_fn, '
+        'RunConfig(train_distribute=...) or eval_distribute (TF\'s Estimator '
+        'only drives tf.distribute strategies). For an Estimator, wrap its '
+        'model_fn: tf.estimator.Estimator(replicate.replicate_model_fn(model_fn, '
         'devices=...)); use replicate.MirroredStrategy in a '
         'tf.compat.v1.Session loop (docs/mirrored_strategy.md).')
 
@@ -401,40 +403,6 @@ def _initial_value_of(primary):
   def initial_value():
     return tf.identity(primary.initial_value)
   return initial_value
-
-
-def _regroup_updates(results, devices, group):
-  """Per leaf of the update results, as TF's MirroredStrategy returns them.
-
-  Args:
-    results: what the update function returned, per device.
-    devices: the devices, in the order of `results`.
-    group: False for the tuple of results per leaf. True for one op running
-      every device's update where the results are ops, and where they are
-      tensors (e.g. what `assign(..., read_value=True)` returns) a
-      `Mirrored` of their values, each read once every device's update ran.
-
-  Returns:
-    The nest of `results[0]`, with a leaf as described for `group`.
-  """
-  flats = [tf.nest.flatten(r) for r in results]
-  leaves = []
-  for column in zip(*flats):
-    present = [(d, c) for d, c in zip(devices, column) if c is not None]
-    if not present:
-      leaves.append(None)
-    elif not group:
-      leaves.append(tuple(column))
-    elif all(tf.is_tensor(c) for _, c in present):
-      every_update = tf.group(*[c for _, c in present])
-      values = {}
-      for device, value in present:
-        with tf.device(device), tf.control_dependencies([every_update]):
-          values[device] = tf.identity(value)
-      leaves.append(values_lib.Mirrored(values))
-    else:
-      leaves.append(tf.group(*[c for _, c in present]))
-  return tf.nest.pack_sequence_as(results[0], leaves)
 
 
 class MirroredStrategy(strategy_base.Strategy):
@@ -455,7 +423,8 @@ class MirroredStrategy(strategy_base.Strategy):
 
   def __init__(self, devices=None, cross_device_ops=None,
                cross_tower_ops=None,
-               replica_build=ReplicaBuild.CALL_PER_REPLICA):
+               replica_build=ReplicaBuild.CALL_PER_REPLICA, num_gpus=None,
+               num_gpus_per_worker=None, auto_shard_dataset=False):
     """Builds the strategy.
 
     Args:
@@ -469,32 +438,55 @@ class MirroredStrategy(strategy_base.Strategy):
       replica_build: a `ReplicaBuild` (mirrored_copies.py): by default one
         call of the function per replica, as in TF; `CLONE` copies replica
         0's graph (`run` raises where copies cannot be shown right).
+      num_gpus: contrib's: with `devices` None, GPUs 0 to `num_gpus` - 1
+        (the CPU for 0). Keyword only here: the second positional argument
+        is TF 1.14's `cross_device_ops`.
+      num_gpus_per_worker: contrib's other name for `num_gpus`.
+      auto_shard_dataset: contrib's: shards input across workers; one local
+        worker has nothing to shard.
 
     Raises:
       InvalidTypeError: if `devices` is not a list of strings, the
         cross-device ops are not a `CrossTowerOps`, or `replica_build` is
         not a `ReplicaBuild`.
-      InvalidArgumentError: if `devices` is empty or repeats a device, or
-        both `cross_device_ops` and `cross_tower_ops` are given.
+      InvalidArgumentError: if `devices` is empty, a GPU count is negative,
+        or both `devices` and a GPU count, or both GPU counts, are given.
+      AssertedArgumentError: (also an `AssertionError`, as TF's) if
+        `devices` repeats a device, or both `cross_device_ops` and
+        `cross_tower_ops` are given.
     """
     if cross_device_ops is not None and cross_tower_ops is not None:
-      raise errors.InvalidArgumentError(
+      raise errors.AssertedArgumentError(
           'MirroredStrategy got both cross_device_ops and cross_tower_ops '
           '(the same argument under its TF 1.14 and contrib names); pass '
           'one.')
     if cross_tower_ops is None:
       cross_tower_ops = cross_device_ops
-    devices = _check_devices(device_check.default_devices() if devices is None
-                             else devices)
+    devices = _check_devices(device_check.devices_or_gpus(
+        devices, num_gpus, num_gpus_per_worker))
     if cross_tower_ops is not None and not isinstance(
         cross_tower_ops, cross_tower_base.CrossTowerOps):
       raise errors.InvalidTypeError(
           'cross_tower_ops must be a replicate.cross_tower_ops.CrossTowerOps '
-          '(e.g. ReductionToOneDeviceCrossTowerOps()), got {!r}.'.format(
-              cross_tower_ops))
+          '(e.g. ReductionToOneDeviceCrossTowerOps()), got {!r}.{}'.format(
+              cross_tower_ops, _CONTRIB_ORDER if isinstance(
+                  cross_tower_ops, int) else ''))
     if not isinstance(replica_build, ReplicaBuild):
       raise errors.InvalidTypeError(
           'replica_build must be a ReplicaBuild (CALL_PER_REPLICA or CLONE), '
-          'got {!r}.'.format(replica_build))
+          'got {!r}.{}'.format(replica_build, _CONTRIB_ORDER if isinstance(
+              replica_build, cross_tower_base.CrossTowerOps) else ''))
+    if not isinstance(auto_shard_dataset, bool):
+      raise errors.InvalidTypeError(
+          'auto_shard_dataset must be a bool, got {!r}.'.format(
+              auto_shard_dataset))
     super(MirroredStrategy, self).__init__(
         MirroredExtended(self, devices, cross_tower_ops, replica_build))
+
+
+# Appended to a type error where contrib's positional order was likely used.
+_CONTRIB_ORDER = (
+    ' contrib\'s MirroredStrategy took (devices, num_gpus, '
+    'num_gpus_per_worker, cross_device_ops, ...) in that order; here the '
+    'order is TF 1.14\'s (devices, cross_device_ops, cross_tower_ops, '
+    'replica_build): pass num_gpus= and cross_device_ops= by keyword.')

@@ -48,6 +48,8 @@ class StrategyExtended(object):
       if context.strategy is not strategy:
         raise context_rules.wrong_strategy_error(strategy, context)
       raise errors.ContextError(
+          'Method requires being in cross-replica context, use '
+          'get_replica_context().merge_call(). '  # TF's phrase
           'Strategy.scope() was entered inside a replica (replica {}) of the '
           'same strategy; scopes are cross-replica. Enter the scope before '
           'call_for_each_replica, not inside it.'.format(

@@ -1587,5 +1587,137 @@ class ConstructionTest(tf.test.TestCase):
         second.extended.update(v, lambda c: c.assign(2.0))
 
 
+class SingleDeviceResultTest(tf.test.TestCase):
+  """A value reduced or broadcast to one device, handed to every replica."""
+
+  def _run(self, hand_over):
+    # Replica i holds x_i = [1, 2, 4, 8][i]; the mean is 15 / 4 = 3.75,
+    # the sum 15.
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      def x():
+        return tf.gather(tf.constant([1., 2., 4., 8.]),
+                         replicate.get_replica_context()
+                         .replica_id_in_sync_group)
+      results = hand_over(strategy, x)
+      with tf1.Session(config=CONFIG) as sess:
+        return sess.run(list(strategy.experimental_local_results(results)))
+
+  def test_merge_result_on_one_device(self):
+    for destination, reduce_to in (
+        (DEVICES[0], lambda s, v: s.extended.reduce_to(MEAN, v, DEVICES[0])),
+        (DEVICES[2], lambda s, v: s.extended.reduce_to(SUM, v, DEVICES[2])),
+        (DEVICES[0], lambda s, v: s.extended.broadcast_to(
+            tf.constant(3.75), DEVICES[0]))):
+      def hand_over(strategy, x, reduce_to=reduce_to):
+        def fn():
+          merged = replicate.get_replica_context().merge_call(
+              reduce_to, args=(x(),))
+          self.assertIsInstance(merged, tf.Tensor)
+          return tf.identity(merged) * 2.0
+        return strategy.experimental_run_v2(fn)
+      got = self._run(hand_over)
+      # Every replica reads the one copy: 2 x 3.75, or 2 x 15.
+      expected = 30.0 if destination == DEVICES[2] else 7.5
+      self.assertAllEqual([expected] * NUM, got)
+
+  def test_argument_on_one_device(self):
+    def hand_over(strategy, x):
+      per_replica = strategy.experimental_run_v2(x)
+      mean = strategy.extended.reduce_to(MEAN, per_replica, DEVICES[1])
+      self.assertLen(mean.devices, 1)
+      self.assertTrue(mean.on_device(DEVICES[1]))
+      return strategy.experimental_run_v2(lambda m: m + 1.0, args=(mean,))
+    self.assertAllEqual([4.75] * NUM, self._run(hand_over))
+
+  def test_per_replica_argument_still_needs_every_device(self):
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      partial = values.PerReplica({DEVICES[0]: tf.constant(1.0),
+                                   DEVICES[1]: tf.constant(2.0)})
+      with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                  'is not one of the devices of this'):
+        strategy.experimental_run_v2(tf.identity, args=(partial,))
+
+
+class ContribConstructorTest(parameterized.TestCase, tf.test.TestCase):
+  """tf.contrib.distribute.MirroredStrategy's arguments."""
+
+  @parameterized.parameters(
+      (dict(num_gpus=2), ('/device:GPU:0', '/device:GPU:1')),
+      (dict(num_gpus_per_worker=3),
+       ('/device:GPU:0', '/device:GPU:1', '/device:GPU:2')),
+      (dict(num_gpus=0), ('/device:CPU:0',)),
+      (dict(num_gpus=1, auto_shard_dataset=True), ('/device:GPU:0',)),
+  )
+  def test_gpu_counts(self, kwargs, expected):
+    strategy = replicate.MirroredStrategy(**kwargs)
+    self.assertEqual(
+        tuple(tf1.DeviceSpec.from_string(d).to_string()
+              for d in strategy.extended.worker_devices),
+        tuple('/job:localhost/replica:0/task:0' + d for d in expected))
+    if tf.__version__.startswith('1.'):
+      # The same devices as contrib's (which names no job on TF 1.15).
+      contrib = tf.contrib.distribute.MirroredStrategy(**kwargs)  # pylint: disable=no-member
+
+      def kinds(devices):
+        return [(tf1.DeviceSpec.from_string(d).device_type,
+                 tf1.DeviceSpec.from_string(d).device_index)
+                for d in devices]
+      self.assertEqual(kinds(strategy.extended.worker_devices),
+                       kinds(contrib.extended.worker_devices))
+
+  def test_bad_counts(self):
+    with self.assertRaisesRegex(
+        ValueError, r'^You cannot specify both `num_gpus` and '
+        r'`num_gpus_per_worker`\.'):
+      replicate.MirroredStrategy(num_gpus=2, num_gpus_per_worker=2)
+    with self.assertRaisesRegex(
+        ValueError, r'^Must only specify one of `devices` and '
+        r'`num_gpus_per_worker`\. Got devices='):
+      replicate.MirroredStrategy(DEVICES, num_gpus=2)
+    with self.assertRaisesRegex(ValueError, 'num_gpus must be 0 or more'):
+      replicate.MirroredStrategy(num_gpus=-1)
+    with self.assertRaisesRegex(TypeError, 'num_gpus must be an int'):
+      replicate.MirroredStrategy(num_gpus='2')
+    with self.assertRaisesRegex(TypeError, 'auto_shard_dataset must be'):
+      replicate.MirroredStrategy(DEVICES, auto_shard_dataset='yes')
+
+  def test_contrib_positional_order_is_named(self):
+    ops = replicate.cross_tower_ops.ReductionToOneDeviceCrossTowerOps()
+    # contrib: (devices, num_gpus, num_gpus_per_worker, cross_device_ops).
+    for args in ((None, 2), (DEVICES, None, None, ops)):
+      with self.assertRaisesRegex(TypeError,
+                                  'pass num_gpus= and cross_device_ops= by '
+                                  'keyword'):
+        replicate.MirroredStrategy(*args)
+
+  def test_tf_assertions(self):
+    # TF asserts these: AssertionError, and ValueError for our callers.
+    for kwargs in (
+        dict(devices=['/cpu:0', '/device:CPU:0']),
+        dict(devices=DEVICES,
+             cross_device_ops=replicate.cross_tower_ops.ReductionToOneDevice(),
+             cross_tower_ops=replicate.cross_tower_ops.ReductionToOneDevice())):
+      for error in (AssertionError, ValueError):
+        with self.assertRaises(error):
+          replicate.MirroredStrategy(**kwargs)
+    with self.assertRaisesRegex(
+        AssertionError, r'^No duplicates allowed in `devices` argument: '):
+      replicate.MirroredStrategy(['/cpu:0', '/cpu:1', '/cpu:0'])
+
+  def test_scope_inside_a_replica_has_tfs_phrase(self):
+    strategy = _strategy()
+
+    def fn():
+      with strategy.scope():
+        pass
+    with tf.Graph().as_default():
+      with self.assertRaisesRegex(
+          RuntimeError, r'^Method requires being in cross-replica context, '
+          r'use get_replica_context\(\)\.merge_call\(\)\. Strategy\.scope'):
+        strategy.experimental_run_v2(fn)
+
+
 if __name__ == '__main__':
   tf.test.main()
