@@ -51,8 +51,10 @@ class StrategyExtended(object):
           'Method requires being in cross-replica context, use '
           'get_replica_context().merge_call(). '  # TF's phrase
           'Strategy.scope() was entered inside a replica (replica {}) of the '
-          'same strategy; scopes are cross-replica. Enter the scope before '
-          'call_for_each_replica, not inside it.'.format(
+          'same strategy (directly, or by run, experimental_run_v2 or '
+          'call_for_each_replica, which enter it); scopes are cross-replica. '
+          'Enter the scope and run the replicas from outside the replica '
+          'function, not inside it.'.format(
               context.replica_context._replica_id_in_sync_group))
     with distribute_context.push_cross_replica(strategy):
       with self._scope_extras():

@@ -128,6 +128,17 @@ class ScopeRulesTest(tf.test.TestCase):
           r'scope\(\) was entered inside a replica \(replica 0\)'):
         strategy.extended.call_for_each_replica(fn)
 
+  def test_run_inside_replica_says_run_enters_the_scope(self):
+    # The user never wrote scope(): the message names run as the way in.
+    strategy = _mirrored()
+    with tf.Graph().as_default():
+      with self.assertRaisesRegex(
+          errors.ContextError,
+          r'entered inside a replica \(replica 0\) of the same strategy '
+          r'\(directly, or by run, experimental_run_v2'):
+        strategy.experimental_run_v2(
+            lambda: strategy.experimental_run_v2(lambda: 1.0))
+
   def test_merge_call_in_cross_replica_context_raises(self):
     context = replicate.get_replica_context()
     with _mirrored().scope():
