@@ -240,10 +240,12 @@ def _first_dimension_reduced(tensor):
 
 
 # Ops through which a sum over rows stays one (linear; input 0 carries it).
+# `Cumsum` runs over a summed tensor's static axes (TF 2 Keras AUC's
+# thresholds): cumulative sums of the towers' sums add up to one device's.
 _LINEAR_OPS = frozenset([
     'Identity', 'Reshape', 'Transpose', 'ExpandDims', 'Squeeze', 'Slice',
     'StridedSlice', 'DiagPart', 'MatrixDiagPart', 'MatrixDiagPartV2',
-    'MatrixDiagPartV3', 'Neg'])
+    'MatrixDiagPartV3', 'Neg', 'Cumsum'])
 # Ops whose output is a sum of their inputs.
 _SUM_OPS = frozenset(['Add', 'AddV2', 'AddN', 'Sub'])
 # Ops adding up the entries of one input (by position) at indices.

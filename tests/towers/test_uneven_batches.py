@@ -749,6 +749,7 @@ def _row_sums_model_fn(features, labels, mode, params):
   total = _metric_variable('total', [])
   rows = _metric_variable('rows', [])
   class_sums = _metric_variable('class_sums', [3])
+  at_least = _metric_variable('at_least_class', [3])
   metrics = {
       'predicted_counts': (tf.identity(counts), tf1.assign_add(
           counts, tf.reduce_sum(confusion, 0))),
@@ -761,7 +762,16 @@ def _row_sums_model_fn(features, labels, mode, params):
           class_sums, tf.reduce_sum(tf.math.unsorted_segment_sum(
               features['x'] * logits, classes, 3), 1))),
       'mean_loss': tf1.metrics.mean(per_row),
+      # Cumulative sums over a static axis of a segment sum, as TF 2 Keras
+      # AUC's thresholds (below): a sum over rows too.
+      'at_least_class': (tf.identity(at_least), tf1.assign_add(
+          at_least, tf.cumsum(tf.math.unsorted_segment_sum(
+              tf.ones_like(per_row), classes, 3), reverse=True))),
   }
+  auc = tf.keras.metrics.AUC(name='auc')  # what TF 2's binary heads report
+  auc.update_state(tf.cast(tf.equal(classes, 2), tf.float32),
+                   tf.nn.softmax(logits)[:, 2])
+  metrics['auc'] = auc
   if hasattr(tf, 'contrib'):  # TF 1.15: contrib's, from a confusion matrix
     metrics['kappa'] = tf.contrib.metrics.cohen_kappa(classes, predicted, 3)
   refused = {
@@ -792,10 +802,16 @@ class RowSumMetricTest(parameterized.TestCase, tf.test.TestCase):
     # 10 rows in batches of 6 and 4: towers of [2, 2, 1, 1] and [1, 1, 1,
     # 1]. Every state is a sum over rows, so each equals one device's sums
     # of 10 rows (rows: 10.0). Before, the confusion matrix's reduce_sum
-    # (static [3]) was taken for a per-batch value and refused.
+    # (static [3]) was taken for a per-batch value and refused, and so were
+    # TF 2 Keras AUC's and the hand-made cumulative sums (a `Cumsum`).
     expected, actual = _evaluate_beside_one_device(
         self, _row_sums_model_fn, {'refused': None}, 10, 6, **kwargs)
     self.assertEqual(10.0, expected['rows'])
+    # Rows of class >= 0, >= 1, >= 2: 10, then fewer.
+    self.assertEqual(10.0, expected['at_least_class'][0])
+    self.assertGreater(expected['at_least_class'][0],
+                       expected['at_least_class'][2])
+    self.assertBetween(expected['auc'], 0.0, 1.0)
     self.assertCountEqual(expected, actual)
     for key in expected:
       self.assertAllClose(expected[key], actual[key], rtol=1e-6, msg=key)
