@@ -123,9 +123,12 @@ class ScopeRulesTest(tf.test.TestCase):
       with strategy.scope():
         pass
     with tf.Graph().as_default():
+      # TF's sentence first, as TF raises it.
       with self.assertRaisesRegex(
           errors.ContextError,
-          r'scope\(\) was entered inside a replica \(replica 0\)'):
+          r'^Method requires being in cross-replica context, use '
+          r'get_replica_context\(\)\.merge_call\(\)\. Strategy\.scope\(\) '
+          r'was entered inside a replica \(replica 0\)'):
         strategy.extended.call_for_each_replica(fn)
 
   def test_run_inside_replica_says_run_enters_the_scope(self):

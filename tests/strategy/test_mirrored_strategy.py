@@ -1706,18 +1706,6 @@ class ContribConstructorTest(parameterized.TestCase, tf.test.TestCase):
         AssertionError, r'^No duplicates allowed in `devices` argument: '):
       replicate.MirroredStrategy(['/cpu:0', '/cpu:1', '/cpu:0'])
 
-  def test_scope_inside_a_replica_has_tfs_phrase(self):
-    strategy = _strategy()
-
-    def fn():
-      with strategy.scope():
-        pass
-    with tf.Graph().as_default():
-      with self.assertRaisesRegex(
-          RuntimeError, r'^Method requires being in cross-replica context, '
-          r'use get_replica_context\(\)\.merge_call\(\)\. Strategy\.scope'):
-        strategy.experimental_run_v2(fn)
-
 
 if __name__ == '__main__':
   tf.test.main()
