@@ -129,8 +129,12 @@ def build(model_fn, features, labels, mode, params, config, placement,
                 device_setter.tower_device_setter(
                     device, choose_parameter_device, requested_devices)):
           replication.name_scopes[tower_id] = name_scope
-          spec = call_model_fn(model_fn, feature_shards[tower_id],
-                               label_shards[tower_id], mode, params, config)
+          try:
+            spec = call_model_fn(model_fn, feature_shards[tower_id],
+                                 label_shards[tower_id], mode, params, config)
+          except ValueError as e:
+            _raise_if_unshared(e, tower, per_tower_reason)
+            raise
           check_tower(spec, tower, replication, trainable_before,
                       per_tower_reason)
           unscaled_loss = spec.loss
@@ -315,6 +319,23 @@ def _with_sync_hook(spec, mode, replicated):
 
 def _ids(items):
   return set(id(item) for item in items)
+
+
+def _raise_if_unshared(error, tower, per_tower_reason):
+  """Says why a tower after the first asked for a variable tower 0 did not
+  make (TF's "Variable ... does not exist" under the towers' reuse)."""
+  message = str(error)
+  if tower.tower_id and 'does not exist' in message and 'reuse' in message:
+    raise errors.InvalidArgumentError(
+        'Tower {} of {} asked for a variable tower 0 did not create ({}). '
+        'Towers are built here by calling model_fn once per tower, because '
+        '{}; tower {}\'s call reuses tower 0\'s variables by name, and a '
+        'Keras layer object created inside model_fn (e.g. '
+        'tf.keras.experimental.SequenceFeatures) names its variables anew on '
+        'every call. Remove the reason so that towers are copied from tower '
+        '0, or create the variables with tf.compat.v1.get_variable.'.format(
+            tower.tower_id, tower.num_towers, message.split('\n')[0],
+            per_tower_reason, tower.tower_id)) from error
 
 
 @contextlib.contextmanager

@@ -643,6 +643,33 @@ class ModelFnErrorsTest(tf.test.TestCase, parameterized.TestCase):
         r'because model_fn calls replicate.get_tower_context\(\)'):
       _build(model_fn, mt.cpus(2), mode=mt.EVAL)
 
+  def test_variables_named_anew_on_every_call(self):
+    # A layer object made inside model_fn (Keras' SequenceFeatures) names
+    # its variables anew on every call: tower 1's call, reusing tower 0's
+    # variables, asks for `w_1`, which TF says "does not exist ... reuse".
+    # The error says why the towers are calls and what to do.
+    calls = []
+
+    def model_fn(features, labels, mode):
+      del labels
+      calls.append(mode)
+      w = tf1.get_variable('w_{}'.format(len(calls) - 1), [3, 1])
+      loss = tf.reduce_mean(tf.matmul(features['x'], w))
+      train_op = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1)).minimize(loss)
+      return _spec(mode, loss, train_op)
+
+    with self.assertRaisesRegex(
+        errors.InvalidArgumentError,
+        r'Tower 1 of 2 asked for a variable tower 0 did not create '
+        r'\(Variable w_1 does not exist.*\)\. Towers are built here by '
+        r'calling model_fn once per tower, because tower_build is '
+        r'TowerBuild.CALL_PER_TOWER; .*SequenceFeatures'):
+      _train_estimator(model_fn, mt.cpus(2),
+                       tower_build=replicate.TowerBuild.CALL_PER_TOWER)
+    del calls[:]
+    _train_estimator(model_fn, mt.cpus(2))  # copied: one call
+
   def test_different_metrics(self):
     def model_fn(features, labels, mode):
       del labels
