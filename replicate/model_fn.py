@@ -247,8 +247,9 @@ def replicate_model_fn(model_fn,
     if (mode == ModeKeys.TRAIN and replicated is not None and
         placement.num_workers > 1):
       # Every task initializes its own variables, then takes the chief's.
-      spec = chief_broadcast.finish_train_spec(spec, config,
-                                                   placement.num_workers)
+      spec = chief_broadcast.finish_train_spec(
+          spec, config, placement.num_workers,
+          len(placement.tower_devices))
     if mode == ModeKeys.TRAIN and placement.training_hooks:
       spec = spec._replace(training_hooks=(
           tuple(spec.training_hooks) + placement.training_hooks))

@@ -17,7 +17,10 @@ initialization and before any hook's `after_create_session`) that
   global step, restored from a checkpoint or freshly initialized. The
   broadcast is one collective all-reduce of every value (cast to float64,
   which holds every float32, int32 and int64 below 2**53 exactly) where the
-  chief gives its values and the others zeros.
+  chief gives its values and the others zeros. It also carries each task's
+  number of towers: tasks that differ there would otherwise first meet in
+  the gradients' all-reduce, with TF's "has group_size 2 ... but that group
+  has size 4" on one task and a timeout on the other.
 
 The global steps then start equal and advance in lockstep (every step's
 gradients are all-reduced over all tasks), before any hook reads them (a
@@ -54,7 +57,7 @@ _CASTABLE = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8,
              tf.int16, tf.int32, tf.int64, tf.uint8, tf.uint16, tf.bool)
 
 
-def finish_train_spec(spec, config, num_workers):
+def finish_train_spec(spec, config, num_workers, num_towers):
   """Gives a TRAIN `EstimatorSpec` the scaffold of an all-reducing task.
 
   Call it at the end of `model_fn`, once every global variable exists.
@@ -63,6 +66,8 @@ def finish_train_spec(spec, config, num_workers):
     spec: the TRAIN `EstimatorSpec` of this task's replicated model.
     config: the Estimator's `RunConfig` (a training task of a cluster).
     num_workers: how many training tasks all-reduce together (> 1).
+    num_towers: how many towers this task has (every task must have as
+      many).
 
   Returns:
     The spec with a new scaffold (the spec's own fields kept, its
@@ -70,7 +75,8 @@ def finish_train_spec(spec, config, num_workers):
   """
   cluster_spec = config.cluster_spec
   task = (config.task_type, config.task_id or 0)
-  is_source = task == session_configs.training_tasks(cluster_spec)[0]
+  training_tasks = session_configs.training_tasks(cluster_spec)
+  is_source = task == training_tasks[0]
   device = '/job:{}/task:{}/device:CPU:0'.format(*task)
   variables = tf1.global_variables()
   scaffold = spec.scaffold or tf1.train.Scaffold()
@@ -84,8 +90,9 @@ def finish_train_spec(spec, config, num_workers):
       if not config.is_chief:
         initialize = tf1.variables_initializer(variables,
                                                name='own_variables')
-      broadcast = broadcast_variables(variables, is_source, device,
-                                      num_workers, after=initialize)
+      broadcast = broadcast_variables(
+          variables, is_source, device, num_workers, after=initialize,
+          towers=(training_tasks.index(task), num_towers))
     local_init = scaffold.local_init_op
     if local_init is None:
       local_init = tf1.train.Scaffold.default_local_init_op()
@@ -149,12 +156,13 @@ def model_fingerprint(variables):
 
 
 def broadcast_variables(variables, is_source, device, group_size,
-                        after=None):
+                        after=None, towers=None):
   """An op setting `variables` to the source task's values on every task.
 
   Every task must call it with the same variables in the same order (the
   same graph) and run it at the same time; the op fails on a task whose
-  variables' names, shapes, dtypes or order differ from the source's.
+  variables' names, shapes, dtypes or order differ from the source's, and,
+  given `towers`, on every task when the tasks' numbers of towers differ.
 
   Args:
     variables: this task's variables.
@@ -163,6 +171,8 @@ def broadcast_variables(variables, is_source, device, group_size,
     group_size: how many tasks take part.
     after: an op the assignments wait for (this task's initializer), or
       None.
+    towers: (this task's index among the `group_size` tasks, its number of
+      towers), or None to check no tower counts.
 
   Returns:
     An op.
@@ -181,27 +191,47 @@ def broadcast_variables(variables, is_source, device, group_size,
   # another order would silently take each other's (the gradients'
   # all-reduce matches by position too).
   fingerprint = model_fingerprint(kept)
+  # Then one slot per task, where each task puts its number of towers.
+  counts = []
+  if towers is not None:
+    index, num_towers = towers
+    counts = [float(num_towers) if i == index else 0.
+              for i in range(group_size)]
+  header = [fingerprint if is_source else 0.] + counts
   with tf1.device(device):
     if is_source:
-      flat = tf.concat([tf.constant([fingerprint], tf.float64)] + [
-          tf.reshape(tf.cast(v.read_value(), tf.float64), [-1])
-          for v in kept], axis=0)
+      values = [tf.reshape(tf.cast(v.read_value(), tf.float64), [-1])
+                for v in kept]
     else:
-      flat = tf.zeros([1 + sum(v.shape.num_elements() for v in kept)],
-                      tf.float64)
+      values = [tf.zeros([sum(v.shape.num_elements() for v in kept)],
+                         tf.float64)]
+    flat = tf.concat([tf.constant(header, tf.float64)] + values, axis=0)
     total = _compat.collective_all_reduce(
         flat, group_size, BROADCAST_GROUP_KEY, BROADCAST_INSTANCE_KEY, 'Add',
         'Id')
-    same_model = tf1.assert_equal(
-        total[0], tf.constant(fingerprint, tf.float64), message=(
-            'The training tasks built different models: the chief made its '
-            'variables with other names, shapes or dtypes, or in another '
-            'order, than this task ({} variables, first {}). Every task '
-            'must build the same model, making its variables in the same '
-            'order (e.g. not by iterating over a set).'.format(
-                len(kept), kept[0].op.name)))
-    pieces = tf.split(total[1:], [v.shape.num_elements() for v in kept])
-  dependencies = [same_model] + ([after] if after is not None else [])
+    checks = []
+    if towers is not None:
+      checks.append(tf1.assert_equal(
+          total[1:1 + group_size],
+          tf.fill([group_size], tf.constant(counts[index], tf.float64)),
+          message=(
+              'The training tasks have different numbers of towers (x: the '
+              'towers of each task, chief first; this task has {}). Their '
+              'gradients are all-reduced over every tower of every task, so '
+              'every task must pass replicate_model_fn the same number of '
+              'devices.'.format(num_towers))))
+    with tf1.control_dependencies(checks):
+      checks.append(tf1.assert_equal(
+          total[0], tf.constant(fingerprint, tf.float64), message=(
+              'The training tasks built different models: the chief made '
+              'its variables with other names, shapes or dtypes, or in '
+              'another order, than this task ({} variables, first {}). '
+              'Every task must build the same model, making its variables '
+              'in the same order (e.g. not by iterating over a set).'.format(
+                  len(kept), kept[0].op.name))))
+    pieces = tf.split(total[len(header):],
+                      [v.shape.num_elements() for v in kept])
+  dependencies = checks + ([after] if after is not None else [])
   assigns = []
   with tf1.control_dependencies(dependencies):
     for variable, piece in zip(kept, pieces):

@@ -13,7 +13,8 @@ The process ends itself after TIMEOUT_SECS (exit status 3) whatever TF does,
 and, to stand for a lost task, at once after local step DIE_AT_STEP (exit
 status 4). The chief saves checkpoints to MODEL_DIR; others never write.
 ALL_REDUCE_TASK_EXTRA_VARIABLES (see model_fn_for) makes a task's model
-differ from the others'.
+differ from the others'; ALL_REDUCE_TASK_TOWERS gives a task another number
+of towers (1 or 2).
 """
 import json
 import os
@@ -147,7 +148,8 @@ def main(argv):
   estimator = tf1.estimator.Estimator(
       replicate.replicate_model_fn(
           model_fn_for(tf, tf1, optimizer_name, 0.5 * index),
-          devices=['/device:CPU:%d' % i for i in range(NUM_CPUS)],
+          devices=['/device:CPU:%d' % i for i in range(
+              int(os.environ.get('ALL_REDUCE_TASK_TOWERS', NUM_CPUS)))],
           variable_placement=replicate.VariablePlacement.REPLICATED),
       model_dir=model_dir, config=run_config)
 

@@ -233,6 +233,24 @@ class AllReduceAcrossTasksTest(tf.test.TestCase, parameterized.TestCase):
     self.assertNotEqual(0, results['chief'][0])
     self.assertNotEqual(3, results['chief'][0], cluster.log('chief')[-3000:])
 
+  def test_tasks_with_other_numbers_of_towers_fail_at_start(self):
+    # Chief 2 towers, worker 1: the gradients' all-reduce would have group
+    # sizes 4 and 2 (TF's "has group_size 2 ... but that group has size 4"
+    # on one task, a timeout on the other). Both session starts fail
+    # naming the cause and each task's count, long before the timeout.
+    cluster = _Cluster(self._root)
+    results = cluster.run('sgd', 4, env_by_task={
+        'worker': {'ALL_REDUCE_TASK_TOWERS': '1'}})
+    for task, own in (('chief', 2), ('worker', 1)):
+      self.assertEqual(1, results[task][0], cluster.log(task)[-3000:])
+      log = cluster.log(task)
+      self.assertIn('The training tasks have different numbers of towers',
+                    log)
+      self.assertIn('this task has {})'.format(own), log)
+      # x: the chief's 2 towers, then the worker's 1.
+      self.assertIn('[2 1]', log)
+      self.assertNotIn('group_size', log)
+
 
 class ExampleTest(tf.test.TestCase):
   """examples/local_cluster.py --mode allreduce: chief and worker, no ps."""
