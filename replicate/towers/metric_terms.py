@@ -154,6 +154,11 @@ class _Term(enum.Enum):
 # Writes that add their second input to the variable (or subtract it).
 _ADDS = frozenset(['AssignAdd', 'AssignSub', 'AssignAddVariableOp',
                    'AssignSubVariableOp'])
+# Writes that add their updates (input 2) at their indices (input 1).
+_SCATTER_ADDS = frozenset([
+    'ScatterAdd', 'ScatterSub', 'ResourceScatterAdd', 'ResourceScatterSub',
+    'ScatterNdAdd', 'ScatterNdSub', 'ResourceScatterNdAdd',
+    'ResourceScatterNdSub'])
 
 
 def _writes(metrics, metric_variables, inputs):
@@ -181,6 +186,13 @@ def _writes(metrics, metric_variables, inputs):
         term = _Term.CONSTANT
       elif (write.type in _ADDS and _sums_rows(write.inputs[1], unrowed) and
             not any(reads_batch(t) for t in amounts[1:])):
+        term = _Term.ROWS
+      elif (write.type in _SCATTER_ADDS and
+            all(_rows_unknown(t, unrowed) for t in write.inputs[1:3]) and
+            not any(reads_batch(t) for t in amounts[2:])):
+        # A row's update added at the row's index (`mean_per_class_accuracy`
+        # counts by label): a sum over the rows, whatever the rows were
+        # computed from (a shape's product in an embedding lookup).
         term = _Term.ROWS
       else:
         value, reduced = _reduced_per_batch(write, unrowed)

@@ -768,6 +768,14 @@ def _row_sums_model_fn(features, labels, mode, params):
           at_least, tf.cumsum(tf.math.unsorted_segment_sum(
               tf.ones_like(per_row), classes, 3), reverse=True))),
   }
+  # Counts by label, by scatter-adds of one update per row. The predictions
+  # go through a reshape to a product of the batch's shape, as an
+  # embedding column's `safe_embedding_lookup_sparse` does: a reduction of
+  # a static shape, which is no per-batch value of the rows' own.
+  reshaped = tf.reshape(logits, tf.stack([tf.reduce_prod(
+      tf.shape(logits)[:1]), 3]))
+  metrics['per_class_accuracy'] = tf1.metrics.mean_per_class_accuracy(
+      classes, tf.argmax(reshaped, 1), 3)
   auc = tf.keras.metrics.AUC(name='auc')  # what TF 2's binary heads report
   auc.update_state(tf.cast(tf.equal(classes, 2), tf.float32),
                    tf.nn.softmax(logits)[:, 2])
@@ -803,7 +811,9 @@ class RowSumMetricTest(parameterized.TestCase, tf.test.TestCase):
     # 1]. Every state is a sum over rows, so each equals one device's sums
     # of 10 rows (rows: 10.0). Before, the confusion matrix's reduce_sum
     # (static [3]) was taken for a per-batch value and refused, and so were
-    # TF 2 Keras AUC's and the hand-made cumulative sums (a `Cumsum`).
+    # TF 2 Keras AUC's and the hand-made cumulative sums (a `Cumsum`), and
+    # mean_per_class_accuracy's scatter-adds of rows computed through a
+    # reduction of a shape.
     expected, actual = _evaluate_beside_one_device(
         self, _row_sums_model_fn, {'refused': None}, 10, 6, **kwargs)
     self.assertEqual(10.0, expected['rows'])
