@@ -155,7 +155,7 @@ def _check(write, amounts, tower_id, num_towers, rows):
       tf1.colocate_with(amounts[0].op, ignore_existing=True):
     finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t))
                             for t in amounts])
-    return tf1.assert_equal(
+    check = tf1.assert_equal(
         tf.logical_or(tf.greater(rows, 0), finite), True,
         message=(
             'Tower {} of {} was given no rows of this batch (fewer rows than '
@@ -170,3 +170,7 @@ def _check(write, amounts, tower_id, num_towers, rows):
             'drop_remainder=True)).'.format(tower_id, num_towers,
                                             write.name, num_towers)),
         data=['Rows of tower {}:'.format(tower_id), rows])
+  # The check runs as a control input of the write, which reads no Python
+  # attribute of it: TF 2 would log it as "never used" at ERROR.
+  getattr(check, 'mark_used', lambda: None)()
+  return check

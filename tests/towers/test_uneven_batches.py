@@ -8,6 +8,7 @@ batch is partial and the batch dimension dynamic), evaluate and predict.
 With batch 3 on 4 towers the shards are [1, 1, 1, 0]; with batch 6,
 [2, 2, 1, 1]; a final batch of 1 row is [1, 0, 0, 0].
 """
+import gc
 import shutil
 
 from absl.testing import parameterized
@@ -970,6 +971,28 @@ class EmptyTowerWritesTest(tf.test.TestCase, parameterized.TestCase):
         sess.run(spec.train_op, {x: _X[:2], y: _Y[:2]})
         self.assertTrue(all(np.all(np.isfinite(v)) for v in sess.run(
             tf1.global_variables())))
+
+  @parameterized.parameters('moving_mean', 'keras_bn_tensor_training')
+  def test_checks_log_no_error(self, write):
+    # TF logs "Object was never used" at ERROR, with a traceback, for an
+    # assertion op whose result no Python code reads; the checks are
+    # control inputs of the writes. Before: one such ERROR per check.
+    with tf.Graph().as_default():
+      tf1.train.get_or_create_global_step()
+      x = tf1.placeholder(tf.float32, [None, 3])
+      y = tf1.placeholder(tf.float32, [None, 1])
+      with self.assertLogs('tensorflow', level='ERROR') as logs:
+        replicate.replicate_model_fn(
+            _every_tower_writes_model_fn,
+            devices=replicate.testing.virtual_cpu_devices(TOWERS))(
+                {'x': x}, y, TRAIN, {'write': write})
+        gc.collect()
+        tf1.logging.error('the build is done')
+      self.assertIn('empty_tower_check', [
+          op.name.split('/')[0] for op in tf1.get_default_graph()
+          .get_operations()])
+    self.assertEqual(['the build is done'],
+                     [record.getMessage() for record in logs.records])
 
   def test_a_finite_write_on_no_rows_runs(self):
     # Each tower adds its rows: 8 + 8 + 2 (towers given [1, 1, 0, 0]) = 18,
