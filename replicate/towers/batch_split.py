@@ -243,9 +243,12 @@ def _mismatch_message(leaf, size, reference, reference_size,
   return (
       '{} has {} rows in dimension 0, but the batch has {} ({}, the first '
       'value split): every feature and label is split along dimension 0 '
-      'into the towers\' shards. To give a feature whole to every tower, '
-      'pass replicate_model_fn(..., unsplit_features=[...]) naming it{}; '
-      'else give it the batch size in dimension 0.'.format(
+      'into the towers\' shards, so each must have the batch\'s rows. The '
+      'batch is taken from the first value split, so either of the two may '
+      'be the odd one. A feature that is not batched (one value for every '
+      'tower, such as a lookup table) goes whole to every tower with '
+      'replicate_model_fn(..., unsplit_features=[...]) naming its key{}; '
+      'any other value needs the batch\'s rows in dimension 0.'.format(
           leaf.name, size, reference_size, reference.name,
           ' (unsplit_features is {!r})'.format(list(unsplit_features))
           if unsplit_features else ''))

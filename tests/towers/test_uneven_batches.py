@@ -492,11 +492,15 @@ class UnevenBatchGraphTest(tf.test.TestCase):
         _build({'x': _X[:8]}, _Y[:8], unsplit_features=['tabel'])
 
   def test_feature_without_the_batch_rows_is_named(self):
+    # 'table' (5 rows, not batched) sorts first and sets the batch, so the
+    # message names 'x' first: it says that either may be the odd one, and
+    # to name the unbatched one's key (before: "naming it", read as 'x').
     with tf.Graph().as_default():
       with self.assertRaisesRegex(
           ValueError, r"features\['x'\] has 8 rows in dimension 0, but the "
           r"batch has 5 \(features\['table'\], the first value split\).*"
-          r'unsplit_features=\[\.\.\.\]'):
+          r'either of the two may be the odd one.*not batched.*'
+          r'unsplit_features=\[\.\.\.\]\) naming its key'):
         _build({'x': _X[:8], 'table': np.zeros([5, 1], np.float32)}, _Y[:8])
 
   def test_dynamic_mismatch_fails_at_run_time(self):
