@@ -132,10 +132,15 @@ def _max_by_addition(features, classes, logits):
       tf.reduce_max(features['x']) - total, 0.))
 
 
-def _count_from_one(features, classes, logits):
-  del classes, logits
-  total = _metric_variable('count_from_one', initial_value=1.)
-  return total, tf1.assign_add(total, tf.reduce_sum(features['weights']))
+def _count_from(start):
+  """A count of the weights that starts at `start` (1., or [0., 1.]: one
+  nonzero entry is enough to count the start once per tower)."""
+  def metric_fn(features, classes, logits):
+    del classes, logits
+    total = _metric_variable('count_from_one', initial_value=start)
+    return total, tf1.assign_add(
+        total, tf.reduce_sum(features['weights']) + tf.zeros_like(start))
+  return metric_fn
 
 
 def _metric_variable(name, initial_value=0.,
@@ -415,12 +420,13 @@ class NotASumTest(parameterized.TestCase, tf.test.TestCase):
       _evaluate(_max_by_addition,
                 replicate.testing.virtual_cpu_devices(_NUM_TOWERS))
 
-  def test_non_zero_start_is_refused(self):
+  @parameterized.named_parameters(('scalar', 1.), ('vector', [0., 1.]))
+  def test_non_zero_start_is_refused(self, start):
     with self.assertRaisesRegex(
         errors.InvalidArgumentError,
         r"Metric 'custom' .*metric variable count_from_one does not start at "
         r'a constant zero'):
-      _evaluate(_count_from_one,
+      _evaluate(_count_from(start),
                 replicate.testing.virtual_cpu_devices(_NUM_TOWERS))
 
 if __name__ == '__main__':

@@ -258,6 +258,9 @@ def _linear_model_fn(features, labels, mode):
     prediction *= features['scale']
   if 'table' in features:
     prediction += tf.reduce_sum(features['table'])
+  if 'z_sparse' in features:  # sorts after 'x', which sets the batch
+    prediction += tf1.sparse_reduce_sum(features['z_sparse'], 1,
+                                        keepdims=True)
   if mode == PREDICT:
     return tf1.estimator.EstimatorSpec(
         mode, predictions=prediction,
@@ -514,6 +517,26 @@ class UnevenBatchGraphTest(tf.test.TestCase):
             r'labels has 8 rows in dimension 0, but the batch has \(known '
             r'at run time\) \(features\[.{1,2}x.{1,2}\], .*unsplit_features'):
           sess.run(spec.train_op, {x: _X[:5]})
+
+  def test_dynamic_sparse_mismatch_fails_at_run_time(self):
+    # A SparseTensor's rows are its dense_shape[0], known at run time: 9
+    # against the batch's 8 fails the step naming it (one device fails
+    # too, adding 9 rows to 8), where the towers would split it silently.
+    with tf.Graph().as_default():
+      x = tf1.placeholder(tf.float32, [None, 3])
+      sparse = tf1.sparse_placeholder(tf.float32, shape=[None, 2])
+      spec = _build({'x': x, 'z_sparse': sparse}, tf.constant(_Y[:8]))
+      with self._session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(spec.train_op, {x: _X[:8], sparse: tf1.SparseTensorValue(
+            [[0, 0], [7, 1]], [1., 2.], [8, 2])})
+        with self.assertRaisesRegex(
+            tf.errors.InvalidArgumentError,
+            r"features\[.{1,2}z_sparse.{1,2}\] has \(known at run time\) "
+            r'rows in dimension 0, but the batch has \(known at run time\) '
+            r"\(features\[.{1,2}x.{1,2}\], "):
+          sess.run(spec.train_op, {x: _X[:8], sparse: tf1.SparseTensorValue(
+              [[0, 0], [8, 1]], [1., 2.], [9, 2])})
 
 
 def _per_batch_model_fn(features, labels, mode):
@@ -867,8 +890,10 @@ def _every_tower_writes_model_fn(features, labels, mode, params):
   `params['write']` is 'keras_bn' (a Keras BatchNormalization layer's
   updates), 'keras_bn_tensor_training' (the same with `training` a tensor:
   its updates are `cond`s that write, TF 2's `If` or TF1's `Switch`),
-  'moving_mean' (a hand-made moving average of the batch mean) or 'rows' (a
-  count of the rows seen: finite on no rows)."""
+  'moving_mean' (a hand-made moving average of the batch mean),
+  'scatter_mean' (the batch mean written into row 1 of a table by
+  `scatter_update`) or 'rows' (a count of the rows seen: finite on no
+  rows)."""
   x = features['x']
   if params['write'].startswith('keras_bn'):
     layer = tf.keras.layers.BatchNormalization()
@@ -882,6 +907,10 @@ def _every_tower_writes_model_fn(features, labels, mode, params):
     updates = [tf1.assign(state, 0.9 * state + 0.1 * tf.reduce_mean(x, 0))
                if params['write'] == 'moving_mean' else
                tf1.assign_add(state, tf.cast(tf.shape(x)[0], tf.float32))]
+    if params['write'] == 'scatter_mean':
+      table = tf1.get_variable('table', [2, 3], trainable=False,
+                               initializer=tf1.zeros_initializer())
+      updates = [tf1.scatter_update(table, [1], [tf.reduce_mean(x, 0)])]
   prediction = tf1.layers.dense(
       x, 1, kernel_initializer=tf1.constant_initializer([0.5, -0.3, 0.2]),
       name='out')
@@ -896,9 +925,9 @@ def _every_tower_writes_model_fn(features, labels, mode, params):
 class EmptyTowerWritesTest(tf.test.TestCase, parameterized.TestCase):
   """A tower given no rows writes no NaN into shared state."""
 
-  def _train(self, write, rows, **kwargs):
-    """The variables after one epoch of `rows` rows in batches of 8 on 4
-    towers, through an Estimator."""
+  def _train(self, write, rows, towers=TOWERS, **kwargs):
+    """The variables after one epoch of `rows` rows in batches of 8 on
+    `towers` towers, through an Estimator."""
     x, y = _X[:rows].astype(np.float32), _Y[:rows].astype(np.float32)
 
     def input_fn():
@@ -907,8 +936,9 @@ class EmptyTowerWritesTest(tf.test.TestCase, parameterized.TestCase):
     estimator = tf1.estimator.Estimator(
         replicate.replicate_model_fn(
             _every_tower_writes_model_fn,
-            devices=replicate.testing.virtual_cpu_devices(TOWERS), **kwargs),
-        model_dir=self.get_temp_dir() + '/' + write + str(rows),
+            devices=replicate.testing.virtual_cpu_devices(towers), **kwargs),
+        model_dir='{}/{}{}_{}'.format(self.get_temp_dir(), write, rows,
+                                      towers),
         # Soft placement, as the Estimator's default: a Keras update's
         # `If` puts its inlined body on the tower's device and colocates it
         # with the variable.
@@ -926,6 +956,7 @@ class EmptyTowerWritesTest(tf.test.TestCase, parameterized.TestCase):
       ('keras_bn_tensor_training_replicated', 'keras_bn_tensor_training',
        {'variable_placement': replicate.VariablePlacement.REPLICATED}),
       ('moving_mean', 'moving_mean', {}),
+      ('scatter_mean', 'scatter_mean', {}),
       ('moving_mean_per_tower', 'moving_mean',
        {'tower_build': replicate.TowerBuild.CALL_PER_TOWER}),
       ('moving_mean_replicated', 'moving_mean',
@@ -942,6 +973,15 @@ class EmptyTowerWritesTest(tf.test.TestCase, parameterized.TestCase):
       self._train(write, 18, **kwargs)
     # 16 rows: no tower goes without rows.
     variables = self._train(write, 16, **kwargs)
+    self.assertTrue(all(np.all(np.isfinite(v)) for v in variables.values()))
+
+  def test_two_towers_and_a_batch_of_one_row(self):
+    # 17 rows: batches of 8, 8 and 1; the last gives tower 1 of 2 no rows.
+    with self.assertRaisesRegex(
+        tf.errors.InvalidArgumentError,
+        r'Tower 1 of 2 was given no rows of this batch'):
+      self._train('moving_mean', 17, towers=2)
+    variables = self._train('moving_mean', 16, towers=2)
     self.assertTrue(all(np.all(np.isfinite(v)) for v in variables.values()))
 
   def test_updates_that_never_run_get_no_check(self):
