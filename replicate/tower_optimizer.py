@@ -11,6 +11,7 @@ import weakref
 from replicate import errors
 from replicate._compat import tf1
 from replicate.core import compression as compression_lib
+from replicate.core import logs as logging
 from replicate.core.checks import check_int
 from replicate.gradients import gradient_gating
 from replicate.strategy import default_strategy
@@ -122,6 +123,7 @@ class TowerOptimizer(tf1.train.Optimizer):
                      else compression),
         accumulation_steps=accumulation_steps)
     self._optimizers_by_graph = weakref.WeakKeyDictionary()
+    self._warned_minimize = weakref.WeakSet()  # wrapped optimizers
     super(TowerOptimizer, self).__init__(
         use_locking=False, name='TowerOptimizer')
 
@@ -159,6 +161,34 @@ class TowerOptimizer(tf1.train.Optimizer):
             .format(optimizer, type(optimizer).__name__))
       self._optimizers_by_graph[graph] = optimizer
     return optimizer
+
+  def minimize(self, loss, global_step=None, var_list=None,
+               gate_gradients=tf1.train.Optimizer.GATE_OP,
+               aggregation_method=None, colocate_gradients_with_ops=False,
+               name=None, grad_loss=None):
+    """`Optimizer.minimize`: this class's `compute_gradients`, then its
+    `apply_gradients`.
+
+    The wrapped optimizer's own `minimize` is not called (nor was it by
+    contrib's `TowerOptimizer`): where its class overrides it, a WARNING
+    says that what the override adds is not done.
+    """
+    optimizer = self._get_optimizer()
+    if type(optimizer).minimize is not tf1.train.Optimizer.minimize and (
+        optimizer not in self._warned_minimize):
+      self._warned_minimize.add(optimizer)
+      logging.warning(
+          '%s overrides minimize, which TowerOptimizer.minimize does not '
+          'call: it calls the wrapped optimizer\'s compute_gradients for '
+          'each tower and apply_gradients once, as contrib\'s did. Whatever '
+          'the override adds besides them (a loss term, a counter, an '
+          'argument it reads) is not done; move it into compute_gradients '
+          'or apply_gradients, or into model_fn.', type(optimizer).__name__)
+    return super(TowerOptimizer, self).minimize(
+        loss, global_step=global_step, var_list=var_list,
+        gate_gradients=gate_gradients, aggregation_method=aggregation_method,
+        colocate_gradients_with_ops=colocate_gradients_with_ops, name=name,
+        grad_loss=grad_loss)
 
   def compute_gradients(self, loss, var_list=None, **kwargs):
     """Computes the gradients of this tower's share of the loss.
@@ -270,7 +300,8 @@ class TowerOptimizer(tf1.train.Optimizer):
     # Optimizer-specific methods, e.g. SyncReplicasOptimizer's
     # `make_session_run_hook`. Only reached for names not found normally.
     if name.startswith('__') or name in ('_optimizer_or_optimizer_fn',
-                                         '_optimizers_by_graph'):
+                                         '_optimizers_by_graph',
+                                         '_warned_minimize'):
       raise AttributeError(name)
     return getattr(self._get_optimizer(), name)
 

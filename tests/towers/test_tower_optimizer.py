@@ -44,6 +44,40 @@ class PassThroughTest(tf.test.TestCase):
         graphs.append(graph)
     self.assertEqual(graphs, built)
 
+  def test_an_overridden_minimize_is_named_in_a_warning(self):
+    # TowerOptimizer.minimize calls compute_gradients and apply_gradients,
+    # never the wrapped optimizer's minimize (contrib did the same): an
+    # override's extra work (here a counter) is not done, and a WARNING
+    # says so, once per wrapped optimizer. Before: silently.
+    class CountingOptimizer(tf1.train.GradientDescentOptimizer):
+
+      def minimize(self, loss, *args, **kwargs):
+        counter = tf1.get_variable('minimize_calls', [],
+                                   initializer=tf1.zeros_initializer())
+        with tf.control_dependencies([tf1.assign_add(counter, 1.)]):
+          return super(CountingOptimizer, self).minimize(loss, *args,
+                                                         **kwargs)
+
+    with tf.Graph().as_default():
+      w = tf1.get_variable('w', [])
+      optimizer = replicate.TowerOptimizer(CountingOptimizer(0.1))
+      with self.assertLogs('tensorflow', level='WARNING') as logs:
+        optimizer.minimize(tf.square(w))
+        optimizer.minimize(tf.square(w))
+        tf1.logging.warning('built')
+      self.assertEmpty(tf1.global_variables('minimize_calls'))
+      self.assertLen(logs.records, 2)
+      self.assertRegex(
+          logs.records[0].getMessage(),
+          r'CountingOptimizer overrides minimize, which '
+          r'TowerOptimizer.minimize does not call.*is not done')
+      # A plain optimizer: no warning.
+      with self.assertLogs('tensorflow', level='WARNING') as logs:
+        replicate.TowerOptimizer(tf1.train.AdamOptimizer(0.1)).minimize(
+            tf.square(w))
+        tf1.logging.warning('built')
+      self.assertEqual(['built'], [r.getMessage() for r in logs.records])
+
   def test_slot_pass_through(self):
     with tf.Graph().as_default():
       w = tf1.get_variable('w', [])
