@@ -68,7 +68,8 @@ class TowerOptimizer(tf1.train.Optimizer):
       train_op = optimizer.minimize(loss, tf.train.get_global_step())
 
   Only `compute_gradients` and `apply_gradients` differ from the wrapped
-  optimizer; everything else is passed through. Several optimizers may be
+  optimizer, and `minimize`, which calls them (not the wrapped optimizer's
+  own `minimize`); everything else is passed through. Several optimizers may be
   used in one `model_fn` (e.g. for a GAN) as long as every tower calls them
   in the same order.
   """
