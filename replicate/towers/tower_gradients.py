@@ -37,8 +37,9 @@ def compute_gradients(replication, optimizer, loss, var_list, kwargs):
   Raises:
     InvalidArgumentError: for a callable `loss`, a loss that is not a
       floating-point tensor (TF's optimizer's message: scaling an integer
-      loss would hide it), or a `gate_gradients` that is not `GATE_NONE`,
-      `GATE_OP` or `GATE_GRAPH`.
+      loss would hide it), a loss of one value per row under a mean
+      reduction, or a `gate_gradients` that is not `GATE_NONE`, `GATE_OP`
+      or `GATE_GRAPH`.
   """
   if callable(loss):
     raise errors.InvalidArgumentError(
@@ -52,6 +53,7 @@ def compute_gradients(replication, optimizer, loss, var_list, kwargs):
         'a floating-point tensor; cast it, e.g. tf.cast(loss, tf.float32).'
         .format(dtype.base_dtype, loss.name, [
             tf.float32, tf.float64, tf.float16, tf.bfloat16]))
+  _check_not_per_row(replication, loss)
   gradient_gating.check_gate_gradients(kwargs)
   replication.towers_computing.add(replication.tower.tower_id)
   if replication.tower.tower_id == tower_collections.UPDATE_TOWER_ID:
@@ -67,6 +69,32 @@ def compute_gradients(replication, optimizer, loss, var_list, kwargs):
                                kwargs)
   step_checks.record_computed(replication, pairs)
   return pairs
+
+
+def _check_not_per_row(replication, loss):
+  """Raises for a loss whose dimension 0 is the tower's rows (unknown
+  until run time) under a mean reduction.
+
+  TF differentiates a non-scalar loss as its sum; a mean reduction weighs
+  each tower's loss as a mean over its rows (by its share of the batch),
+  so the towers' step would be about 1 / N of one device's. A static
+  dimension 0 cannot be told from a few stacked means, and passes.
+  """
+  shape = getattr(loss, 'shape', None)
+  if (replication.loss_reduction == tf1.losses.Reduction.SUM or
+      shape is None or not shape.ndims or
+      tf.compat.dimension_value(shape[0]) is not None):
+    return
+  raise errors.InvalidArgumentError(
+      'TowerOptimizer got the loss {} of shape {}: a value per row (its '
+      'dimension 0 is the batch\'s). TF differentiates a non-scalar loss as '
+      'its sum, while loss_reduction={} weighs each tower\'s loss as a mean '
+      'over its rows, so the towers\' step would be about 1/{} of one '
+      'device\'s. Reduce the loss to a scalar (e.g. tf.reduce_mean, or a '
+      'tf.compat.v1.losses function), or, for a sum over the rows, pass '
+      'replicate_model_fn(..., loss_reduction=tf.compat.v1.losses.Reduction'
+      '.SUM).'.format(loss.name, shape.as_list(), replication.loss_reduction,
+                      replication.num_towers))
 
 
 def _tower_gradients(replication, optimizer, loss, var_list, kwargs):

@@ -735,5 +735,48 @@ class ModelFnErrorsTest(tf.test.TestCase, parameterized.TestCase):
                   messages[1])
 
 
+class PerRowLossTest(tf.test.TestCase, parameterized.TestCase):
+  """A loss of one value per row handed to TowerOptimizer."""
+
+  def _train(self, loss_reduction):
+    x = np.arange(30, dtype=np.float32).reshape(10, 3) / 30.
+    y = np.linspace(-1., 1., 10).astype(np.float32)[:, None]
+
+    def model_fn(features, labels, mode):
+      per_row = tf.square(tf1.layers.dense(
+          features['x'], 1, kernel_initializer=tf1.ones_initializer()) -
+                          labels)[:, 0]  # shape [None]
+      train_op = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(0.01)).minimize(
+              per_row, tf1.train.get_global_step())
+      return _spec(mode, tf.reduce_mean(per_row), train_op)
+
+    estimator = tf1.estimator.Estimator(
+        replicate.replicate_model_fn(model_fn, devices=mt.cpus(4),
+                                     loss_reduction=loss_reduction),
+        model_dir=self.get_temp_dir() + '/' + str(loss_reduction),
+        config=tf1.estimator.RunConfig(
+            session_config=replicate.testing.virtual_cpu_config(4)))
+    estimator.train(lambda: tf1.data.Dataset.from_tensor_slices(
+        ({'x': x}, y)).batch(10), steps=1)
+    return estimator.get_variable_value('dense/kernel')
+
+  def test_per_row_loss_under_a_mean_is_refused(self):
+    # TF differentiates the [None] loss as its sum; each tower's would be
+    # weighted as a mean over its rows (3/10, 3/10, 2/10, 2/10): a step of
+    # about 1/4 of one device's, silently before.
+    with self.assertRaisesRegex(
+        errors.InvalidArgumentError,
+        r'TowerOptimizer got the loss \S+ of shape \[None\]: a value per '
+        r'row.*about 1/4 of one device.*Reduction\.SUM'):
+      self._train(tf1.losses.Reduction.MEAN)
+
+  def test_per_row_loss_under_sum_trains(self):
+    # A sum over the rows: each tower's sum, unscaled, adds up to one
+    # device's.
+    self.assertTrue(np.all(np.isfinite(self._train(
+        tf1.losses.Reduction.SUM))))
+
+
 if __name__ == '__main__':
   tf.test.main()
