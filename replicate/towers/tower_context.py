@@ -251,6 +251,16 @@ class Replication(object):
     `variable_scope('model')`.
     """
     var_scope, name_scope = self._calls[0][call_index].scopes
+    current = self.graph.get_name_scope()
+    if (tf1.get_variable_scope() is var_scope and
+        (current + '/' if current else '') == name_scope):
+      # Tower 0's own call (copied towers): already there. Re-entering a
+      # variable scope forgets, on leaving, the scopes opened inside it, so
+      # a later optimizer's slots would take this one's names (TF's
+      # "Variable .../Momentum/ already exists", where one device names
+      # them `Momentum_1`).
+      yield
+      return
     with tf1.variable_scope(var_scope, auxiliary_name_scope=False):
       with tf1.name_scope(name_scope):
         yield

@@ -241,18 +241,32 @@ def _apply_sums(replication, optimizer, call_index, global_step, name,
   tower_grads = _without_empty_towers(replication, tower_grads)
 
   def apply():
-    with replication.first_tower_call_scopes(call_index):
-      if replication.replicated is not None:
-        return _apply_replicated(replication, optimizer, tower_grads,
-                                 global_step, name, settings)
-      with tf1.name_scope('gradient_aggregation'):
-        compressed, contexts = _compressed(tower_grads, settings)
-        summed = gradient_aggregation.sum_gradients_by_variable(
-            compressed, replication.tuning)
-        summed = [(_decompressed(grad, contexts, var, settings), var)
-                  for grad, var in summed]
-      return apply_once(optimizer, summed, global_step, name, settings,
-                        replication.loss_reduction)
+    try:
+      with replication.first_tower_call_scopes(call_index):
+        if replication.replicated is not None:
+          return _apply_replicated(replication, optimizer, tower_grads,
+                                   global_step, name, settings)
+        with tf1.name_scope('gradient_aggregation'):
+          compressed, contexts = _compressed(tower_grads, settings)
+          summed = gradient_aggregation.sum_gradients_by_variable(
+              compressed, replication.tuning)
+          summed = [(_decompressed(grad, contexts, var, settings), var)
+                    for grad, var in summed]
+        return apply_once(optimizer, summed, global_step, name, settings,
+                          replication.loss_reduction)
+    except ValueError as e:
+      if call_index == 0 or 'already exists' not in str(e):
+        raise
+      raise errors.InvalidArgumentError(
+          'Optimizer call {} of the towers ({}) makes a variable that an '
+          'earlier optimizer call of the step made: {} With towers built by '
+          'their own model_fn calls, each update is built under tower 0\'s '
+          'scopes, where TF gives a second optimizer of the same name the '
+          'first one\'s slot names (one device names them <name>_1). Give '
+          'each optimizer its own name, e.g. MomentumOptimizer(..., '
+          'name=\'Momentum_2\').'.format(
+              call_index, optimizer.get_name(),
+              str(e).strip().splitlines()[0])) from e
 
   train_op, created = gradient_gating.ops_created_by(replication.graph, apply)
   gradient_gating.wait_for_barriers(train_op, created, barriers)

@@ -185,6 +185,22 @@ def _sequenced_model_fn(features, labels, mode, params):
   return tf1.estimator.EstimatorSpec(mode, loss=tf.constant(0.), train_op=second)
 
 
+def _same_named_model_fn(features, labels, mode, params):
+  """Two Momentum optimizers of the default name, the second on a subset
+  of the first's variables: one device names its slots `Momentum_1`."""
+  del params
+  logits = _dense(features['x'])
+  first = replicate.TowerOptimizer(tf1.train.MomentumOptimizer(
+      0.1, 0.9)).minimize(tf1.losses.mean_squared_error(labels, logits))
+  with tf1.control_dependencies([first]):
+    second = replicate.TowerOptimizer(tf1.train.MomentumOptimizer(
+        0.05, 0.5)).minimize(
+            tf.reduce_mean(tf.abs(logits)), tf1.train.get_global_step(),
+            var_list=tf1.trainable_variables('out/kernel'))
+  return tf1.estimator.EstimatorSpec(mode, loss=tf.constant(0.),
+                                     train_op=second)
+
+
 _OPTIMIZERS = {'sgd': lambda: tf1.train.GradientDescentOptimizer(0.1),
                'adam': lambda: tf1.train.AdamOptimizer(0.1)}
 
@@ -237,6 +253,27 @@ class ControlDependenciesAroundMinimizeTest(parameterized.TestCase,
     for name in one:
       self.assertAllClose(one[name], got[name], rtol=1e-6, atol=1e-6,
                           msg=name)
+
+  @parameterized.parameters(2, 4)
+  def test_two_optimizers_of_one_name(self, num_towers):
+    # Before: TF's "Variable out/kernel/Momentum/ already exists" (the
+    # update was built in tower 0's scopes entered again, which forget on
+    # leaving the slot scopes the first optimizer opened).
+    one = self._train(_same_named_model_fn, 'sgd')
+    got = self._train(_same_named_model_fn, 'sgd', num_towers)
+    self.assertIn('out/kernel/Momentum_1', one)
+    self.assertEqual(sorted(one), sorted(got))
+    for name in one:
+      self.assertAllClose(one[name], got[name], rtol=1e-6, atol=1e-6,
+                          msg=name)
+
+  def test_two_optimizers_of_one_name_in_towers_built_by_calls(self):
+    with self.assertRaisesRegex(
+        replicate.errors.InvalidArgumentError,
+        r'Optimizer call 1 of the towers \(Momentum\) makes a variable .*'
+        r'already exists.*Give each optimizer its own name'):
+      self._train(_same_named_model_fn, 'sgd', 2,
+                  replicate.TowerBuild.CALL_PER_TOWER)
 
 
 if __name__ == '__main__':
