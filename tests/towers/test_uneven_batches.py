@@ -701,7 +701,9 @@ def _unknown_shape_model_fn(features, labels, mode, params):
       'rows': tf1.metrics.mean(tf.reshape(wide, [-1])),
   }
   if params['column_means']:
-    metrics['column_means'] = tf1.metrics.mean(tf.reduce_mean(wide, 0))
+    # Dimension 0 named as 0, or as -2 of the rank-2 `wide`.
+    metrics['column_means'] = tf1.metrics.mean(tf.reduce_mean(
+        wide, -2 if params['column_means'] == 'negative_axis' else 0))
   return tf1.estimator.EstimatorSpec(mode, loss=loss,
                                      eval_metric_ops=metrics)
 
@@ -717,15 +719,16 @@ class UnknownShapePerBatchMetricTest(parameterized.TestCase,
         batch, **kwargs)
 
   @parameterized.named_parameters(
-      ('copies', {}),
-      ('calls', {'tower_build': replicate.TowerBuild.CALL_PER_TOWER}))
-  def test_uneven_batch_fails_naming_the_metric(self, kwargs):
+      ('copies', {}, True),
+      ('copies_negative_axis', {}, 'negative_axis'),
+      ('calls', {'tower_build': replicate.TowerBuild.CALL_PER_TOWER}, True))
+  def test_uneven_batch_fails_naming_the_metric(self, kwargs, column_means):
     # 7 rows in batches of 4 and 3: [1, 1, 1, 1], then [1, 1, 1, 0]. Before:
     # the towers' column means were averaged as 3 terms and NaN, silently.
     with self.assertRaisesRegex(
         tf.errors.InvalidArgumentError,
         r'Metrics \[\W*column_means\W+ take a per-batch value'):
-      self._evaluate(7, 4, True, **kwargs)
+      self._evaluate(7, 4, column_means, **kwargs)
 
   def test_even_batches_equal_one_device(self):
     # 16 rows in batches of 8: 2 rows per tower, each tower's column means
