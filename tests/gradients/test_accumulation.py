@@ -276,6 +276,57 @@ class AccumulationTest(parameterized.TestCase, tf.test.TestCase):
     # The rows nobody named kept their initial values.
     self.assertAllEqual(initial[[1, 3, 4]], accumulated['table'][[1, 3, 4]])
 
+  @parameterized.named_parameters(
+      ('ftrl_l1', lambda: tf1.train.FtrlOptimizer(
+          0.5, l1_regularization_strength=0.01)),
+      ('rmsprop_momentum', lambda: tf1.train.RMSPropOptimizer(
+          0.1, momentum=0.5)),
+  )
+  def test_each_cycle_updates_only_its_own_rows(self, optimizer_fn):
+    # Cycle 1 names rows 0, 2 and 5; cycle 2 rows 1, 3 and 4. Two runs on
+    # each cycle's concatenated slices (MEAN over two micro-steps: scale
+    # 1/2) leave rows 0, 2 and 5 alone in the second; so must the
+    # accumulator, whose record of named rows starts empty every cycle.
+    cycles = [([0, 2, 0], [2, 5]), ([1, 3], [3, 4, 1])]
+    initial = np.arange(12, dtype=np.float32).reshape(6, 2) / 12. - 0.4
+
+    def values(indices, offset):
+      return (np.arange(2 * len(indices), dtype=np.float32).reshape(-1, 2)
+              / 10. - 0.3 + offset)
+
+    results = []
+    for accumulate in (True, False):
+      with tf.Graph().as_default():
+        table = tf1.get_variable('table', initializer=initial)
+        optimizer = optimizer_fn()
+        apply_fn = lambda gv, step, name: optimizer.apply_gradients(gv)
+        fed_values = tf1.placeholder(tf.float32, [None, 2])
+        fed_indices = tf1.placeholder(tf.int32, [None])
+        grad = tf.IndexedSlices(fed_values, fed_indices, tf.constant([6, 2]))
+        if accumulate:
+          op = accumulation.apply_accumulated(
+              apply_fn, [(grad, table)], steps=2, scale=0.5, global_step=None)
+          feeds = [{fed_values: values(part, c), fed_indices: part}
+                   for c, cycle in enumerate(cycles) for part in cycle]
+        else:
+          op = apply_fn([(grad, table)], None, None)
+          feeds = [{fed_values: 0.5 * np.concatenate(
+              [values(part, c) for part in cycle]),
+                    fed_indices: np.concatenate(cycle)}
+                   for c, cycle in enumerate(cycles)]
+        with tf1.Session() as sess:
+          sess.run([tf1.global_variables_initializer(),
+                    tf1.local_variables_initializer()])
+          for feed in feeds:
+            sess.run(op, feed)
+          results.append({v.op.name: sess.run(v)
+                          for v in tf1.global_variables()})
+    accumulated, two_runs = results
+    self.assertEqual(sorted(two_runs), sorted(accumulated))
+    for name, value in two_runs.items():
+      self.assertAllClose(value, accumulated[name], rtol=1e-6, atol=1e-6,
+                          msg=name)
+
 
 class CompressionTest(parameterized.TestCase, tf.test.TestCase):
 
