@@ -254,7 +254,9 @@ class EvalAndPredictTest(tf.test.TestCase):
     def model_fn(features, labels, mode):
       del labels
       scores = tf.stack([features['x'], -features['x']], axis=1)
-      classes = tf.tile(tf.constant([['a', 'b']]), [tf.shape(scores)[0], 1])
+      # Distinct per row, and not made from the scores.
+      classes = tf.as_string(tf.cast(
+          tf.stack([features['x'], 10. * features['x']], axis=1), tf.int32))
       return tf1.estimator.EstimatorSpec(
           mode, predictions={'scores': scores},
           export_outputs={
@@ -281,7 +283,8 @@ class EvalAndPredictTest(tf.test.TestCase):
     self.assertAllClose([[1, -1], [2, -2], [3, -3], [4, -4]], scores)
     self.assertAllClose(scores, predicted)
     self.assertAllClose(scores, scores_only)
-    self.assertAllEqual([[b'a', b'b']] * 4, classes)
+    self.assertAllEqual([[b'1', b'10'], [b'2', b'20'], [b'3', b'30'],
+                         [b'4', b'40']], classes)
 
   def test_scalar_classes_stacked_per_tower_as_contrib(self):
     # One class string per tower, not per row: one device and contrib
