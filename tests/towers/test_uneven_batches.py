@@ -894,6 +894,7 @@ def _every_tower_writes_model_fn(features, labels, mode, params):
   updates), 'keras_bn_tensor_training' (the same with `training` a tensor:
   its updates are `cond`s that write, TF 2's `If` or TF1's `Switch`),
   'moving_mean' (a hand-made moving average of the batch mean),
+  'scaled_moving_mean' (the same, times the scalar feature 'scale'),
   'scatter_mean' (the batch mean written into row 1 of a table by
   `scatter_update`) or 'rows' (a count of the rows seen: finite on no
   rows)."""
@@ -904,11 +905,14 @@ def _every_tower_writes_model_fn(features, labels, mode, params):
               tf1.placeholder_with_default(True, []))
     updates = layer.updates
   else:
-    state = tf1.get_variable('state', [3] if params['write'] == 'moving_mean'
-                             else [], initializer=tf1.zeros_initializer(),
+    state = tf1.get_variable('state', [3] if params['write'].endswith(
+        'moving_mean') else [], initializer=tf1.zeros_initializer(),
                              trainable=False)
-    updates = [tf1.assign(state, 0.9 * state + 0.1 * tf.reduce_mean(x, 0))
-               if params['write'] == 'moving_mean' else
+    mean = tf.reduce_mean(x, 0)
+    if params['write'] == 'scaled_moving_mean':
+      mean *= features['scale']  # a scalar feature: every tower's
+    updates = [tf1.assign(state, 0.9 * state + 0.1 * mean)
+               if params['write'].endswith('moving_mean') else
                tf1.assign_add(state, tf.cast(tf.shape(x)[0], tf.float32))]
     if params['write'] == 'scatter_mean':
       table = tf1.get_variable('table', [2, 3], trainable=False,
@@ -934,7 +938,8 @@ class EmptyTowerWritesTest(tf.test.TestCase, parameterized.TestCase):
     x, y = _X[:rows].astype(np.float32), _Y[:rows].astype(np.float32)
 
     def input_fn():
-      return tf1.data.Dataset.from_tensor_slices(({'x': x}, y)).batch(8)
+      return tf1.data.Dataset.from_tensor_slices(({'x': x}, y)).batch(8).map(
+          lambda f, y: (dict(f, scale=tf.constant(0.5)), y))
 
     estimator = tf1.estimator.Estimator(
         replicate.replicate_model_fn(
@@ -960,6 +965,7 @@ class EmptyTowerWritesTest(tf.test.TestCase, parameterized.TestCase):
        {'variable_placement': replicate.VariablePlacement.REPLICATED}),
       ('moving_mean', 'moving_mean', {}),
       ('scatter_mean', 'scatter_mean', {}),
+      ('scaled_moving_mean', 'scaled_moving_mean', {}),
       ('moving_mean_per_tower', 'moving_mean',
        {'tower_build': replicate.TowerBuild.CALL_PER_TOWER}),
       ('moving_mean_replicated', 'moving_mean',
