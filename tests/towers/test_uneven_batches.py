@@ -482,7 +482,7 @@ class UnevenBatchGraphTest(tf.test.TestCase):
     self.assertAllClose(expected[1], got[1], rtol=1e-6)
 
   def test_unsplit_features_must_be_a_list_of_strings(self):
-    for bad in ('table', [1], {'table': 1}):
+    for bad in ('table', [1], ['table', 3], {'table': 1}):
       with self.assertRaisesRegex(
           TypeError, r'unsplit_features must be a list of feature names'):
         replicate.replicate_model_fn(_linear_model_fn, unsplit_features=bad)
