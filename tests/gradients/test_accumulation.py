@@ -82,11 +82,11 @@ def _train(model_dir, batch_size, global_steps, optimizer, reduction,
           estimator.get_variable_value('global_step'))
 
 
-def _assert_same_variables(test, whole, accumulated):
+def _assert_same_variables(test, whole, accumulated, rtol=1e-5):
   """The variables after k micro-steps equal those after the whole batch,
   within float rounding of the sums' order."""
   for name, value in whole.items():
-    test.assertAllClose(value, accumulated[name], rtol=1e-5, atol=1e-6,
+    test.assertAllClose(value, accumulated[name], rtol=rtol, atol=1e-6,
                         msg=name)
 
 
@@ -261,18 +261,10 @@ class AccumulationTest(parameterized.TestCase, tf.test.TestCase):
                                   tf.constant(indices), tf.constant([6, 2]))
           op = apply_fn([(grad, table)], None, None)
           feeds = [{}]
-        with tf1.Session() as sess:
-          sess.run([tf1.global_variables_initializer(),
-                    tf1.local_variables_initializer()])
-          for feed in feeds:
-            sess.run(op, feed)
-          results.append({v.op.name: sess.run(v)
-                          for v in tf1.global_variables()})
+        results.append(_run_variables(op, feeds))
     accumulated, one_run = results
     self.assertEqual(sorted(one_run), sorted(accumulated))
-    for name, value in one_run.items():
-      self.assertAllClose(value, accumulated[name], rtol=1e-6, atol=1e-6,
-                          msg=name)
+    _assert_same_variables(self, one_run, accumulated, rtol=1e-6)
     # The rows nobody named kept their initial values.
     self.assertAllEqual(initial[[1, 3, 4]], accumulated['table'][[1, 3, 4]])
 
@@ -314,18 +306,21 @@ class AccumulationTest(parameterized.TestCase, tf.test.TestCase):
               [values(part, c) for part in cycle]),
                     fed_indices: np.concatenate(cycle)}
                    for c, cycle in enumerate(cycles)]
-        with tf1.Session() as sess:
-          sess.run([tf1.global_variables_initializer(),
-                    tf1.local_variables_initializer()])
-          for feed in feeds:
-            sess.run(op, feed)
-          results.append({v.op.name: sess.run(v)
-                          for v in tf1.global_variables()})
+        results.append(_run_variables(op, feeds))
     accumulated, two_runs = results
     self.assertEqual(sorted(two_runs), sorted(accumulated))
-    for name, value in two_runs.items():
-      self.assertAllClose(value, accumulated[name], rtol=1e-6, atol=1e-6,
-                          msg=name)
+    _assert_same_variables(self, two_runs, accumulated, rtol=1e-6)
+
+
+def _run_variables(op, feeds):
+  """{name: value} of the global variables after running `op` once per
+  feed, in a fresh session of the default graph."""
+  with tf1.Session() as sess:
+    sess.run([tf1.global_variables_initializer(),
+              tf1.local_variables_initializer()])
+    for feed in feeds:
+      sess.run(op, feed)
+    return {v.op.name: sess.run(v) for v in tf1.global_variables()}
 
 
 class CompressionTest(parameterized.TestCase, tf.test.TestCase):
