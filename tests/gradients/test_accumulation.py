@@ -241,28 +241,18 @@ class AccumulationTest(parameterized.TestCase, tf.test.TestCase):
     values = np.arange(10, dtype=np.float32).reshape(5, 2) / 10. - 0.3
     indices = np.array([0, 2, 0, 2, 5], np.int32)
     initial = np.arange(12, dtype=np.float32).reshape(6, 2) / 12. - 0.4
-    results = []
-    for accumulate in (True, False):
-      with tf.Graph().as_default():
-        table = tf1.get_variable('table', initializer=initial)
-        optimizer = optimizer_fn()
-        apply_fn = lambda gv, step, name: optimizer.apply_gradients(gv)
-        if accumulate:
-          micro = tf1.placeholder(tf.bool, [])
-          grad = tf.IndexedSlices(
-              tf1.where(micro, values[:3], np.pad(values[3:], [[0, 1], [0, 0]])),
-              tf1.where(micro, indices[:3], np.pad(indices[3:], [0, 1])),
-              tf.constant([6, 2]))
-          op = accumulation.apply_accumulated(
-              apply_fn, [(grad, table)], steps=2, scale=0.5, global_step=None)
-          feeds = [{micro: True}, {micro: False}]
-        else:
-          grad = tf.IndexedSlices(tf.constant(values * 0.5),
-                                  tf.constant(indices), tf.constant([6, 2]))
-          op = apply_fn([(grad, table)], None, None)
-          feeds = [{}]
-        results.append(_run_variables(op, feeds))
-    accumulated, one_run = results
+    def gradient_and_feeds(accumulate):
+      if accumulate:
+        micro = tf1.placeholder(tf.bool, [])
+        return tf.IndexedSlices(
+            tf1.where(micro, values[:3], np.pad(values[3:], [[0, 1], [0, 0]])),
+            tf1.where(micro, indices[:3], np.pad(indices[3:], [0, 1])),
+            tf.constant([6, 2])), [{micro: True}, {micro: False}]
+      return tf.IndexedSlices(tf.constant(values * 0.5), tf.constant(indices),
+                              tf.constant([6, 2])), [{}]
+
+    accumulated, one_run = _accumulated_and_not(initial, optimizer_fn,
+                                                gradient_and_feeds)
     self.assertEqual(sorted(one_run), sorted(accumulated))
     _assert_same_variables(self, one_run, accumulated, rtol=1e-6)
     # The rows nobody named kept their initial values.
@@ -286,30 +276,44 @@ class AccumulationTest(parameterized.TestCase, tf.test.TestCase):
       return (np.arange(2 * len(indices), dtype=np.float32).reshape(-1, 2)
               / 10. - 0.3 + offset)
 
-    results = []
-    for accumulate in (True, False):
-      with tf.Graph().as_default():
-        table = tf1.get_variable('table', initializer=initial)
-        optimizer = optimizer_fn()
-        apply_fn = lambda gv, step, name: optimizer.apply_gradients(gv)
-        fed_values = tf1.placeholder(tf.float32, [None, 2])
-        fed_indices = tf1.placeholder(tf.int32, [None])
-        grad = tf.IndexedSlices(fed_values, fed_indices, tf.constant([6, 2]))
-        if accumulate:
-          op = accumulation.apply_accumulated(
-              apply_fn, [(grad, table)], steps=2, scale=0.5, global_step=None)
-          feeds = [{fed_values: values(part, c), fed_indices: part}
-                   for c, cycle in enumerate(cycles) for part in cycle]
-        else:
-          op = apply_fn([(grad, table)], None, None)
-          feeds = [{fed_values: 0.5 * np.concatenate(
-              [values(part, c) for part in cycle]),
-                    fed_indices: np.concatenate(cycle)}
-                   for c, cycle in enumerate(cycles)]
-        results.append(_run_variables(op, feeds))
-    accumulated, two_runs = results
+    def gradient_and_feeds(accumulate):
+      fed_values = tf1.placeholder(tf.float32, [None, 2])
+      fed_indices = tf1.placeholder(tf.int32, [None])
+      grad = tf.IndexedSlices(fed_values, fed_indices, tf.constant([6, 2]))
+      if accumulate:
+        return grad, [{fed_values: values(part, c), fed_indices: part}
+                      for c, cycle in enumerate(cycles) for part in cycle]
+      return grad, [{fed_values: 0.5 * np.concatenate(
+          [values(part, c) for part in cycle]),
+                     fed_indices: np.concatenate(cycle)}
+                    for c, cycle in enumerate(cycles)]
+
+    accumulated, two_runs = _accumulated_and_not(initial, optimizer_fn,
+                                                 gradient_and_feeds)
     self.assertEqual(sorted(two_runs), sorted(accumulated))
     _assert_same_variables(self, two_runs, accumulated, rtol=1e-6)
+
+
+def _accumulated_and_not(initial, optimizer_fn, gradient_and_feeds):
+  """The variables after two-step accumulation of a `table` gradient (MEAN:
+  scale 1/2), then after applying it directly, each in its own graph.
+
+  `gradient_and_feeds(accumulate)` gives the gradient and the feeds of the
+  runs, one per micro-step or one per direct application."""
+  results = []
+  for accumulate in (True, False):
+    with tf.Graph().as_default():
+      table = tf1.get_variable('table', initializer=initial)
+      optimizer = optimizer_fn()
+      grad, feeds = gradient_and_feeds(accumulate)
+      if accumulate:
+        op = accumulation.apply_accumulated(
+            lambda gv, step, name: optimizer.apply_gradients(gv),
+            [(grad, table)], steps=2, scale=0.5, global_step=None)
+      else:
+        op = optimizer.apply_gradients([(grad, table)])
+      results.append(_run_variables(op, feeds))
+  return results
 
 
 def _run_variables(op, feeds):
