@@ -398,9 +398,11 @@ def build_hierarchical_copy_all_reduce(input_tensors, red_op=tf.add,
   """Reduce within two halves of the devices, combine the halves, copy back.
 
   The devices are split into a first and a second half. Each half sums on
-  its leader (the half's `leader_offset`-th device, modulo its size, so
-  that successive tensors can spread the load), the leaders combine, and
-  each half's leader copies the total to the devices of its half. This
+  its leader (the half's `leader_offset`-th device, modulo its size), the
+  leaders combine on the leader of the half that holds device
+  `leader_offset` (modulo the device count), and each half's leader copies
+  the total to the devices of its half. Successive tensors thus spread
+  every step over all devices, as TF's hierarchical copy does. This
   matches machines whose GPUs form two fully linked groups (DGX-1).
 
   Args:
@@ -425,9 +427,12 @@ def build_hierarchical_copy_all_reduce(input_tensors, red_op=tf.add,
   for half, leader in zip(halves, leaders):
     with _placed_on(input_tensors[leader]):
       sums.append(_fold([input_tensors[i] for i in half], red_op))
-  with _placed_on(input_tensors[leaders[0]]):
-    total = red_op(sums[0], sums[1])
-  totals = [total, _copy(total, input_tensors[leaders[1]])]
+  first = 0 if leader_offset % n < n // 2 else 1
+  with _placed_on(input_tensors[leaders[first]]):
+    total = red_op(sums[first], sums[1 - first])
+  totals = [None, None]
+  totals[first] = total
+  totals[1 - first] = _copy(total, input_tensors[leaders[1 - first]])
   outputs = [None] * n
   for half, half_total in zip(halves, totals):
     for i in half:

@@ -80,9 +80,40 @@ class AllReduceBuildersTest(parameterized.TestCase, tf.test.TestCase):
       tensors, arrays = _inputs(_CPUS, (6,), tf.float32)
       outputs = _builders()[name](tensors, red_op=tf.maximum,
                                   un_op=lambda t: t * 2.)
+      for t, out in zip(tensors, outputs):
+        self.assertEqual(out.device, t.device)  # un_op's too
       got = _run(outputs)
     for g in got:
       self.assertAllEqual(g, 2. * np.max(arrays, axis=0))  # 2 * max
+
+  # 4 devices, halves [0, 1] and [2, 3]. Value `offset` sums its halves on
+  # their devices offset % 2 and the two sums on the half holding device
+  # offset % 4, as TF's hierarchical copy spreads the work: offset 1 on
+  # /cpu:1 and /cpu:3, its total on /cpu:1; offset 2 on /cpu:0 and /cpu:2,
+  # its total on /cpu:2.
+  @parameterized.parameters((0, 0, 2, 0), (1, 1, 3, 1), (2, 0, 2, 2),
+                            (3, 1, 3, 3), (5, 1, 3, 1))
+  def test_hierarchical_copy_spreads_leaders_and_total(
+      self, offset, first_leader, second_leader, total_on):
+    with tf.Graph().as_default() as graph:
+      tensors, arrays = _inputs(_CPUS, (5,))
+      outputs = algorithms.build_hierarchical_copy_all_reduce(
+          tensors, leader_offset=offset)
+      adds = sorted(device_util.canonicalize(op.device)
+                    for op in graph.get_operations()
+                    if op.type in ('Add', 'AddV2'))
+      self.assertEqual(
+          sorted(device_util.canonicalize(_CPUS[i])
+                 for i in (first_leader, second_leader, total_on)), adds)
+      # Each device copies the total from its own half's leader.
+      for i, out in enumerate(outputs):
+        leader = first_leader if i < 2 else second_leader
+        self.assertEqual(device_util.canonicalize(_CPUS[leader]),
+                         device_util.canonicalize(out.op.inputs[0].device))
+        self.assertEqual(out.device, tensors[i].device)
+      got = _run(outputs)
+    for g in got:
+      self.assertAllEqual(g, np.sum(arrays, axis=0))
 
   def test_large_tensor(self):
     with tf.Graph().as_default():
