@@ -320,6 +320,31 @@ class GradientAllReduceTest(tf.test.TestCase):
          '/job:localhost/replica:0/task:0/device:CPU:1'],
         sorted(reduced[0].devices))
 
+  def test_results_land_on_the_destinations_only(self):
+    # Two values on /cpu:0 and /cpu:1, both asked for on /cpu:1 only: they
+    # are not packed with the all-reduced ones, and come back there.
+    devices = replicate.testing.virtual_cpu_devices(2)
+    with tf.Graph().as_default():
+      values = []
+      for k in range(2):
+        per_device = {}
+        for i, device in enumerate(devices):
+          with tf1.device(device):
+            # Value k on device i: 10 k + i + [0, 1, 2].
+            per_device[device] = tf.constant(
+                10. * k + i + np.arange(3, dtype=np.float32))
+        values.append((replicate.PerDevice(per_device), [devices[1]]))
+      all_reduce = replicate.multi_worker.WorkerAllReduce(num_workers=1)
+      reduced = all_reduce.batch_reduce(replicate.ReduceOp.SUM, values)
+      for mirrored in reduced:
+        self.assertEqual(('/job:localhost/replica:0/task:0/device:CPU:1',),
+                         tuple(mirrored.devices))
+      with tf1.Session(config=replicate.testing.virtual_cpu_config(2)) as s:
+        results = s.run([m.values[0] for m in reduced])
+    for k, result in enumerate(results):
+      # (10 k + [0, 1, 2]) + (10 k + 1 + [0, 1, 2]) = 20 k + 1 + [0, 2, 4].
+      self.assertAllEqual(20. * k + 1. + np.array([0., 2., 4.]), result)
+
   def test_gradient_all_reduce_scales_for_the_mean_only(self):
     mean = replicate.multi_worker.gradient_all_reduce(
         4, tf1.losses.Reduction.SUM_BY_NONZERO_WEIGHTS)

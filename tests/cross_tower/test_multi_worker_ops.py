@@ -262,6 +262,36 @@ def _collective_worker(task, target, reduce_op):
     return _run(target, [r.values for r in reduced]), placements
 
 
+class ShuffleThenShuffleGraphTest(tf.test.TestCase):
+
+  def test_second_level_gathers_on_every_listed_worker(self):
+    # Three listed workers; the value lives on two CPUs of tasks 0 and 1.
+    # As TF's 'pscpu/pscpu' (whose second level gathers on every listed
+    # worker's CPU), a chunk is summed on task 2's CPU too. Graph only: the
+    # workers need not exist to build.
+    workers = ['/job:worker/task:%d' % t for t in range(3)]
+    ops = replicate.MultiWorkerAllReduce(
+        workers, 0, all_reduce_spec=('pscpu/pscpu', 1, -1))
+    with tf.Graph().as_default() as graph:
+      index = {}
+      for w in range(2):
+        for c in range(2):
+          device = '/job:worker/task:%d/device:CPU:%d' % (w, c)
+          with tf.device(device):
+            index[device] = tf.constant([1., 2., 3., 4., 5., 6.])
+      value = values.PerDevice(index)
+      result = ops.reduce(ReduceOp.SUM, value, value)
+      add_devices = set(device_util.canonicalize(op.device)
+                        for op in graph.get_operations()
+                        if op.type in ('Add', 'AddV2', 'AddN'))
+    self.assertIn(
+        device_util.canonicalize('/job:worker/task:2/device:CPU:0'),
+        add_devices)
+    self.assertEqual(set(value.devices), set(result.devices))
+    for d, t in zip(result.devices, result.values):
+      self.assertEqual(d, device_util.canonicalize(t.device))
+
+
 class CollectiveAllReduceTest(parameterized.TestCase, tf.test.TestCase):
 
   @parameterized.parameters(ReduceOp.SUM, ReduceOp.MEAN)

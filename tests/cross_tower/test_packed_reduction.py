@@ -216,5 +216,90 @@ class PackedBatchReduceTest(parameterized.TestCase, tf.test.TestCase):
       self.assertAllEqual(np.sum(want, axis=0), g)
 
 
+
+class PackedPlacementTest(tf.test.TestCase):
+  """Where a pack's ops run, and what a pack may hold."""
+
+  def test_packed_sums_run_on_reduce_to_device(self):
+    # Three [2, 3] values on /cpu:0 and /cpu:1 (one pack), destinations
+    # /cpu:1 and /cpu:2, reduce_to_device /cpu:3: the pack's one AddN runs
+    # on /cpu:3, as each value's sum reduced alone would.
+    with tf.Graph().as_default() as graph:
+      pairs = []
+      for k in range(3):
+        # Value k on device i: 100 k + 10 i + [0..5].
+        pairs.append((_per_device(
+            [(100. * k + 10. * i + np.arange(6, dtype=np.float32))
+             .reshape(2, 3) for i in range(2)]), _DESTINATIONS))
+      results = replicate.ReductionToOneDeviceCrossTowerOps(
+          reduce_to_device='/cpu:3').batch_reduce(ReduceOp.MEAN, pairs)
+      add_n = [op for op in graph.get_operations() if op.type == 'AddN']
+      self.assertLen(add_n, 1)
+      self.assertEqual(_CANONICAL[3], device_util.canonicalize(add_n[0].device))
+      with _session() as sess:
+        got = sess.run([r.values for r in results])
+    for k, per_destination in enumerate(got):
+      # MEAN of the two devices: 100 k + 5 + [0..5].
+      want = (100. * k + 5. + np.arange(6, dtype=np.float32)).reshape(2, 3)
+      for g in per_destination:
+        self.assertAllEqual(want, g)
+
+  def test_each_concatenation_runs_where_its_tensors_are(self):
+    # Two [2, 2] values whose devices come in the order /cpu:1, /cpu:0:
+    # each device's concatenation runs on that device.
+    with tf.Graph().as_default() as graph:
+      pairs = []
+      for k in range(2):
+        pairs.append((_per_device(
+            [np.full((2, 2), 10. * k + i, np.float32) for i in (1, 0)],
+            [_DEVICES[1], _DEVICES[0]]), ['/cpu:2']))
+      results = replicate.ReductionToOneDeviceCrossTowerOps().batch_reduce(
+          ReduceOp.SUM, pairs)
+      concats = [op for op in graph.get_operations() if op.type == 'ConcatV2']
+      self.assertLen(concats, 2)
+      for op in concats:
+        for t in op.inputs[:-1]:  # the last input is the axis
+          self.assertEqual(device_util.canonicalize(op.device),
+                           device_util.canonicalize(t.device))
+      with _session() as sess:
+        got = sess.run([r.values[0] for r in results])
+    # Value k: (10 k + 1) + (10 k + 0) = 20 k + 1.
+    for k, g in enumerate(got):
+      self.assertAllEqual(np.full((2, 2), 20. * k + 1.), g)
+
+  def test_entries_of_other_shapes_are_not_packed(self):
+    # Value 0: [2, 3] on /cpu:0 but [3, 3] on /cpu:1; value 1: [2, 3] and
+    # [1, 3]. Each device's concatenation would have 4 rows, so a pack
+    # would add up rows of different values; reduced alone, value 0 is an
+    # error naming its shapes.
+    def rows(n, base):
+      return base + np.arange(3 * n, dtype=np.float32).reshape(n, 3)
+
+    with tf.Graph().as_default():
+      pairs = [(_per_device([rows(2, 0.), rows(3, 100.)]), ['/cpu:0']),
+               (_per_device([rows(2, 10.), rows(1, 200.)]), ['/cpu:0'])]
+      with self.assertRaisesRegex((ValueError, tf.errors.InvalidArgumentError),
+                                  r'\[2, ?3\]'):
+        replicate.ReductionToOneDeviceCrossTowerOps().batch_reduce(
+            ReduceOp.SUM, pairs)
+
+  def test_a_value_of_exactly_pack_max_bytes_is_packed(self):
+    # Three [4, 4] float32 values: 64 bytes each, pack_max_bytes=64 ("at
+    # most"): one pack, one AddN.
+    with tf.Graph().as_default() as graph, tuning.tuning_scope(
+        tuning.Tuning(pack_max_bytes=64)):
+      pairs = [(_per_device([np.full((4, 4), 10. * k + i, np.float32)
+                             for i in range(2)]), ['/cpu:1'])
+               for k in range(3)]
+      results = replicate.ReductionToOneDeviceCrossTowerOps().batch_reduce(
+          ReduceOp.SUM, pairs)
+      self.assertEqual(1, _count(graph, 'AddN'))
+      with _session() as sess:
+        got = sess.run([r.values[0] for r in results])
+    # Value k: (10 k) + (10 k + 1) = 20 k + 1.
+    for k, g in enumerate(got):
+      self.assertAllEqual(np.full((4, 4), 20. * k + 1.), g)
+
+
 if __name__ == '__main__':
   tf.test.main()

@@ -222,6 +222,10 @@ class ValuesTest(tf.test.TestCase):
     for error in (ValueError, AssertionError):
       with self.assertRaisesRegex(error, 'different structures'):
         values.regroup({'/cpu:0': [1], '/cpu:1': [1, 2]})
+      # Dicts with as many keys, but other ones.
+      with self.assertRaisesRegex(error, 'different structures'):
+        values.regroup({'/cpu:0': {'a': 1, 'b': 2},
+                        '/cpu:1': {'a': 3, 'c': 4}})
 
   def test_select_replica_and_tensor_likeness(self):
     with tf.Graph().as_default():
