@@ -248,6 +248,11 @@ def _model_fn(features, labels, mode, params):
   loss = tf1.losses.sigmoid_cross_entropy(labels, logits)
   optimizer = replicate.TowerOptimizer(_OPTIMIZERS[params['optimizer']]())
   train_op = optimizer.minimize(loss, tf1.train.get_global_step())
+  if params.get('twice'):
+    # The same optimizer again, on another loss, after the first update:
+    # one slot per variable, which both updates use.
+    with tf1.control_dependencies([train_op]):
+      train_op = optimizer.minimize(tf.reduce_mean(tf.abs(logits)))
   return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
@@ -259,11 +264,12 @@ def _input_fn():
 
 class ReplicatedEstimatorTest(tf.test.TestCase, parameterized.TestCase):
 
-  def _train(self, optimizer_name, **kwargs):
+  def _train(self, optimizer_name, twice=False, **kwargs):
     model_dir = tempfile.mkdtemp(dir=self.get_temp_dir())
     tf1.estimator.Estimator(
         replicate.replicate_model_fn(_model_fn, **kwargs),
-        model_dir=model_dir, params={'optimizer': optimizer_name},
+        model_dir=model_dir,
+        params={'optimizer': optimizer_name, 'twice': twice},
         config=tf1.estimator.RunConfig(
             session_config=replicate.testing.virtual_cpu_config(_NUM_CPUS),
             tf_random_seed=7)).train(_input_fn, steps=3)
@@ -290,6 +296,20 @@ class ReplicatedEstimatorTest(tf.test.TestCase, parameterized.TestCase):
       self.assertAllClose(one[name], replicated[name], rtol=1e-5, atol=1e-6,
                           msg=name)
     self.assertEqual(3, replicated['global_step'])
+
+  def test_one_optimizer_applied_twice_trains_as_one_device(self):
+    # Each copy keeps one momentum slot per variable for both updates, as
+    # tower 0's variables and one device do; a second slot per copy would
+    # let the towers' copies drift apart.
+    one = self._train('momentum', twice=True, devices=['/cpu:0'])
+    replicated = self._train(
+        'momentum', twice=True,
+        devices=replicate.testing.virtual_cpu_devices(_NUM_CPUS),
+        variable_placement=replicate.VariablePlacement.REPLICATED)
+    self.assertEqual(sorted(one), sorted(replicated))
+    for name in one:
+      self.assertAllClose(one[name], replicated[name], rtol=1e-5, atol=1e-6,
+                          msg=name)
 
   @parameterized.parameters(True, False)
   def test_build_leaves_the_collector_and_imports_per_batch(self, enabled):

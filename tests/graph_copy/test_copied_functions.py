@@ -148,21 +148,25 @@ class CopiedRandomOpsTest(tf.test.TestCase, parameterized.TestCase):
     self.assertAllEqual(_train_dropout(kind, _NUM_TOWERS),
                         _train_dropout(kind, _NUM_TOWERS))
 
-  @parameterized.parameters(
-      replicate.TowerBuild.CLONE, replicate.TowerBuild.CALL_PER_TOWER)
-  def test_function_bodies_ask_for_their_towers_device(self, tower_build):
+  @parameterized.product(
+      tower_build=[replicate.TowerBuild.CLONE,
+                   replicate.TowerBuild.CALL_PER_TOWER],
+      kind=['loop_read', 'loop_in_cond'])
+  def test_function_bodies_ask_for_their_towers_device(self, tower_build,
+                                                       kind):
     # TF 2's while_loop is a While (body, condition, their gradients) traced
     # under the tower's device scope: its body nodes name that device. A
     # copy of tower 0's While calling tower 0's functions would run every
     # tower's loop on tower 0's device; each copy calls its own functions,
-    # as a call traces them. (TF1 control flow has no functions.)
+    # as a call traces them, also those a copied function calls (a loop in
+    # a cond's branch). (TF1 control flow has no functions.)
     devices = mt.cpus(_NUM_TOWERS)
     with tf.Graph().as_default() as graph:
       tf1.train.get_or_create_global_step()
       replicate.replicate_model_fn(
           _recurrent_model_fn, devices=devices, tower_build=tower_build)(
               {'x': tf.constant(_sequences()[0])},
-              tf.constant(_sequences()[1]), mt.TRAIN, {'kind': 'loop_read'},
+              tf.constant(_sequences()[1]), mt.TRAIN, {'kind': kind},
               None)
     calls = 0
     for op in graph.get_operations():
@@ -259,14 +263,23 @@ def _recurrent_model_fn(features, labels, mode, params):
     outputs, _ = tf1.nn.dynamic_rnn(
         tf1.nn.rnn_cell.LSTMCell(4, initializer=kernel), x, dtype=tf.float32)
     h = outputs[:, -1]
-  else:  # 'loop_read': the cause alone, a resource variable read in a loop.
+  else:  # 'loop_read': the cause alone, a resource variable read in a loop;
+    # 'loop_in_cond': that loop in a cond's branch (a function calling one).
     v = tf1.get_variable('v', [3, 4], initializer=kernel, use_resource=True)
 
     def body(i, state):
       return i + 1, tf.tanh(tf.matmul(x[:, i, :], v) + state)
 
-    _, h = tf1.while_loop(lambda i, _: i < 5, body,
-                          [tf.constant(0), tf.zeros([tf.shape(x)[0], 4])])
+    def loop():
+      return tf1.while_loop(
+          lambda i, _: i < 5, body,
+          [tf.constant(0), tf.zeros([tf.shape(x)[0], 4])])[1]
+
+    if kind == 'loop_in_cond':
+      h = tf1.cond(tf.reduce_sum(x) > -100., loop,
+                   lambda: tf.zeros([tf.shape(x)[0], 4]))
+    else:
+      h = loop()
   predictions = tf1.layers.dense(
       h, 1, kernel_initializer=tf1.glorot_uniform_initializer(seed=3),
       name='out')

@@ -1,5 +1,6 @@
 """TowerBuild.CLONE: towers 1..N-1 as copies of tower 0 (tower_cloning.py)."""
 import functools
+import random
 from unittest import mock
 
 from absl.testing import parameterized
@@ -583,6 +584,45 @@ class FallbackTest(tf.test.TestCase, parameterized.TestCase):
     self.assertRegex(reasons[0], r'^model_fn drew numbers from Python\'s '
                      r'random generators .* random op \S*dropout\S* with an '
                      r'explicit seed')
+
+  def test_seeds_drawn_where_the_state_check_must_look(self):
+    # Keras 2.15 draws seeds from Python's `random`; a draw from
+    # numpy.random mid-stream (its key already refilled) moves only the
+    # position; a stateless op takes the drawn seed as a constant input.
+    # Another call would draw other seeds in each case.
+    np.random.seed(0)
+    np.random.uniform()
+    noises = (
+        lambda x: tf1.nn.dropout(x, rate=0.5, seed=random.randint(1, 10**6)),
+        lambda x: tf1.nn.dropout(x, rate=0.5,
+                                 seed=int(np.random.randint(10**6))),
+        lambda x: x + tf1.random.stateless_uniform(
+            tf.shape(x), seed=[int(np.random.randint(10**6)), 0]))
+    for noise in noises:
+      def model_fn(features, labels, mode, params, noise=noise):
+        return _deep_model_fn({'x': noise(features['x'])}, labels, mode,
+                              params)
+
+      calls, reasons = self._reasons(model_fn)
+      self.assertEqual(2, calls)
+      self.assertLen(reasons, 1)
+      self.assertRegex(reasons[0], r'^model_fn drew numbers from Python\'s '
+                       r'random generators')
+
+  def test_py_function_of_a_closure(self):
+    # tf.py_function (EagerPyFunc) keeps a closure's state as tf.py_func.
+    def model_fn(features, labels, mode, params):
+      x = features['x']
+      x = x + tf.py_function(_closure(), [x], tf.float32)
+      x.set_shape(features['x'].shape)
+      return _deep_model_fn({'x': x}, labels, mode, params)
+
+    calls, reasons = self._reasons(model_fn)
+    self.assertEqual(2, calls)
+    self.assertLen(reasons, 1)
+    self.assertRegex(reasons[0], r'^model_fn built the EagerPyFunc op \S+ '
+                     r'calling .*_closure.<locals>.counted.*which keeps '
+                     r'Python state of its own')
 
   def test_seed_given_without_drawing(self):
     # An explicit op seed that no Python generator drew: every call builds
