@@ -277,7 +277,8 @@ class AggregatedAssignTest(parameterized.TestCase, tf.test.TestCase):
         self.assertAllEqual(sess.run(list(mean.values)), [1.0] * NUM)
         self.assertAllEqual(sess.run(list(step.values)), [1] * NUM)
 
-  @parameterized.parameters((1.0,), ([1.0, 2.0],))
+  # [0., 2.]: some zeros, not all (only a value equal to 0 may be summed).
+  @parameterized.parameters((1.0,), ([1.0, 2.0],), ([0.0, 2.0],))
   def test_the_same_python_value_is_not_summed(self, value):
     # TF refuses: one value in every replica is not per-replica (it would
     # be summed 4 times). Zero sums to zero, and is allowed.
