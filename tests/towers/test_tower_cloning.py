@@ -488,17 +488,22 @@ class FallbackTest(tf.test.TestCase, parameterized.TestCase):
       _build(counted, devices or mt.cpus(2), **kwargs)
     return len(calls), [c[0][0] for c in warn.call_args_list]
 
+  def _assert_called_per_tower(self, model_fn, reason, **kwargs):
+    """Two towers built by two model_fn calls, for one reason matching
+    the regular expression `reason`."""
+    calls, reasons = self._reasons(model_fn, **kwargs)
+    self.assertEqual(2, calls)
+    self.assertLen(reasons, 1)
+    self.assertRegex(reasons[0], reason)
+
   def test_tower_context_before_the_optimizer(self):
     def model_fn(features, labels, mode, params):
       self.assertIsNotNone(replicate.get_tower_context())
       return _deep_model_fn(features, labels, mode, params)
 
-    calls, reasons = self._reasons(model_fn)
-    self.assertEqual(2, calls)
-    self.assertLen(reasons, 1)
-    self.assertStartsWith(reasons[0], 'model_fn calls '
-                          'replicate.get_tower_context(), so its towers may '
-                          'differ')
+    self._assert_called_per_tower(
+        model_fn, r'^model_fn calls replicate\.get_tower_context\(\), so its '
+        r'towers may differ')
 
   def test_warning_names_reason_and_fix(self):
     # (warn_not_cloned logs this once per process.)
@@ -523,11 +528,9 @@ class FallbackTest(tf.test.TestCase, parameterized.TestCase):
           tf1.train.GradientDescentOptimizer(0.1)).minimize(loss)
       return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
-    calls, reasons = self._reasons(
-        model_fn, loss_reduction=tf1.losses.Reduction.SUM)
-    self.assertEqual(2, calls)
-    self.assertLen(reasons, 1)
-    self.assertIn('loss_reduction is SUM', reasons[0])
+    self._assert_called_per_tower(
+        model_fn, 'loss_reduction is SUM',
+        loss_reduction=tf1.losses.Reduction.SUM)
     calls, reasons = self._reasons(model_fn)  # MEAN: copied
     self.assertEqual((1, []), (calls, reasons))
 
@@ -556,12 +559,10 @@ class FallbackTest(tf.test.TestCase, parameterized.TestCase):
                            (_wrapped, '_zeros_like'),
                            (_random_state, 'permutation'),
                            (_local_class, 'Counted.zeros_like')):
-      calls, reasons = self._reasons(self._py_func_model_fn(factory))
-      self.assertEqual(2, calls)
-      self.assertLen(reasons, 1)
-      self.assertRegex(reasons[0], r'^model_fn built the PyFunc op \S+ '
-                       r'calling .*{}.*which keeps Python state of its own'
-                       .format(words))
+      self._assert_called_per_tower(
+          self._py_func_model_fn(factory),
+          r'^model_fn built the PyFunc op \S+ calling .*{}.*which keeps '
+          r'Python state of its own'.format(words))
 
   def test_py_func_of_a_module_function_is_copied(self):
     # One function object, whichever call registers it: copies call it as
@@ -578,12 +579,9 @@ class FallbackTest(tf.test.TestCase, parameterized.TestCase):
       x = tf1.keras.backend.dropout(features['x'], 0.5)
       return _deep_model_fn({'x': x}, labels, mode, params)
 
-    calls, reasons = self._reasons(model_fn)
-    self.assertEqual(2, calls)
-    self.assertLen(reasons, 1)
-    self.assertRegex(reasons[0], r'^model_fn drew numbers from Python\'s '
-                     r'random generators .* random op \S*dropout\S* with an '
-                     r'explicit seed')
+    self._assert_called_per_tower(
+        model_fn, r'^model_fn drew numbers from Python\'s random generators '
+        r'.* random op \S*dropout\S* with an explicit seed')
 
   def test_seeds_drawn_where_the_state_check_must_look(self):
     # Keras 2.15 draws seeds from Python's `random`; a draw from
@@ -603,11 +601,8 @@ class FallbackTest(tf.test.TestCase, parameterized.TestCase):
         return _deep_model_fn({'x': noise(features['x'])}, labels, mode,
                               params)
 
-      calls, reasons = self._reasons(model_fn)
-      self.assertEqual(2, calls)
-      self.assertLen(reasons, 1)
-      self.assertRegex(reasons[0], r'^model_fn drew numbers from Python\'s '
-                       r'random generators')
+      self._assert_called_per_tower(
+          model_fn, r'^model_fn drew numbers from Python\'s random generators')
 
   def test_py_function_of_a_closure(self):
     # tf.py_function (EagerPyFunc) keeps a closure's state as tf.py_func.
@@ -617,12 +612,9 @@ class FallbackTest(tf.test.TestCase, parameterized.TestCase):
       x.set_shape(features['x'].shape)
       return _deep_model_fn({'x': x}, labels, mode, params)
 
-    calls, reasons = self._reasons(model_fn)
-    self.assertEqual(2, calls)
-    self.assertLen(reasons, 1)
-    self.assertRegex(reasons[0], r'^model_fn built the EagerPyFunc op \S+ '
-                     r'calling .*_closure.<locals>.counted.*which keeps '
-                     r'Python state of its own')
+    self._assert_called_per_tower(
+        model_fn, r'^model_fn built the EagerPyFunc op \S+ calling '
+        r'.*_closure.<locals>.counted.*which keeps Python state of its own')
 
   def test_seed_given_without_drawing(self):
     # An explicit op seed that no Python generator drew: every call builds
