@@ -1,5 +1,6 @@
 """Edges of the strategy API: complex ON_READ means, the default
-strategy's non-slot device, two-replica input checks, op names."""
+strategy's non-slot device, two-replica input checks, op names, the
+all-reduce gradient of complex inputs, replicas returning reordered copies."""
 import tensorflow as tf
 
 import replicate
@@ -68,6 +69,46 @@ class StrategyEdgesTest(tf.test.TestCase):
         train = strategy.experimental_run_v2(step)
       ops = strategy.experimental_local_results(train)
       self.assertEqual('my_train', ops[0].name.split('/')[-1])
+
+  def test_all_reduce_passes_gradients_to_complex_inputs(self):
+    # Replica i: y = all_reduce(SUM, x) of x = [1+2j, 3-1j] and its loss
+    # real((i + 1) * y). The upstream gradient of y is i + 1 (as complex);
+    # the backward all-sum gathers every replica's: 1+2+3+4 = 10 on each
+    # element of every replica's x, as for float inputs.
+    strategy = replicate.MirroredStrategy(_DEVICES)
+
+    def fn():
+      i = replicate.get_replica_context().replica_id_in_sync_group
+      x = tf.constant([1 + 2j, 3 - 1j], tf.complex64)
+      y = replicate.get_replica_context().all_reduce(
+          replicate.ReduceOp.SUM, x)
+      loss = tf.reduce_sum(tf.math.real(y * tf.complex(float(i + 1), 0.)))
+      return tf.gradients(loss, x)[0]
+
+    with tf.Graph().as_default():
+      grads = strategy.experimental_run_v2(fn)
+      with tf1.Session(config=testing.virtual_cpu_config(_NUM)) as sess:
+        grads = sess.run(list(strategy.experimental_local_results(grads)))
+    self.assertAllClose([[10 + 0j, 10 + 0j]] * _NUM, grads)
+
+  def test_replicas_returning_other_replicas_copies_get_per_replica(self):
+    # Replica i returns the copy of device (i + 1) % 4: not each its own
+    # copy in device order, so not the variable but those copies, per
+    # replica (TF's regroup checks the order too).
+    strategy = replicate.MirroredStrategy(_DEVICES)
+    with tf.Graph().as_default():
+      with strategy.scope():
+        v = tf1.get_variable('v', [], initializer=tf1.ones_initializer())
+
+        def fn():
+          i = replicate.get_replica_context().replica_id_in_sync_group
+          return v.values[(i + 1) % _NUM]
+
+        result = strategy.extended.call_for_each_replica(fn)
+      self.assertIsInstance(result, replicate.PerReplica)
+      local = strategy.experimental_local_results(result)
+      for i in range(_NUM):
+        self.assertIs(v.values[(i + 1) % _NUM], local[i])
 
 
 if __name__ == '__main__':

@@ -1,0 +1,161 @@
+"""ReplicaBuild.CLONE: which per-replica inputs and merge shares copies of
+replica 0 can read in place of replica 0's, and which they must refuse
+(graph_copy/copy_policy.py `reason_inputs_differ`,
+strategy/mirrored_copies.py `map_shares`)."""
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+
+import replicate
+from replicate import errors
+from replicate import testing
+from replicate._compat import tf1
+from replicate.cross_tower import values
+
+NUM = 2
+DEVICES = testing.virtual_cpu_devices(NUM)
+CONFIG = testing.virtual_cpu_config(NUM)
+CLONE = replicate.ReplicaBuild.CLONE
+_FIX = r'.*replica_build=replicate.ReplicaBuild.CALL_PER_REPLICA'
+
+
+def _per_replica(*leaves):
+  return values.PerReplica(dict(zip(DEVICES, leaves)))
+
+
+def _differing_inputs(kind):
+  """Arguments whose replica 1 share differs from replica 0's by `kind`, and
+  the clause of the refusal."""
+  if kind == 'dtype':
+    # Same shape and values; only the dtype differs.
+    return (_per_replica(tf.constant([1., 2.], tf.float32),
+                         tf.constant([1., 2.], tf.float64)),
+            r'the input tensors differ in shape or dtype between devices')
+  if kind == 'structure':
+    # One leaf in replica 0, two in replica 1.
+    return (_per_replica((tf.constant([1.]),),
+                         (tf.constant([1.]), tf.constant([2.]))),
+            r'the arguments differ in structure between devices')
+  if kind == 'python':
+    return (_per_replica(1, 2),
+            r'the arguments differ between devices in a value that is not '
+            r'a tensor \(1 and 2\)')
+  assert kind == 'tensor_and_python'
+  return (_per_replica(tf.constant(1.), 1.),
+          r'the arguments differ between devices in a value that is not '
+          r'a tensor')
+
+
+def _fn_of_inputs(calls):
+  def fn(x):
+    calls.append(1)
+    return tf.reduce_sum(tf.cast(tf.concat(
+        [tf.reshape(tf.cast(leaf, tf.float64), [-1])
+         for leaf in tf.nest.flatten(x)], 0), tf.float32))
+  return fn
+
+
+class CloneInputsTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.parameters('dtype', 'structure', 'python',
+                            'tensor_and_python')
+  def test_inputs_that_differ_are_refused_before_any_call(self, kind):
+    calls = []
+    with tf.Graph().as_default():
+      strategy = replicate.MirroredStrategy(DEVICES, replica_build=CLONE)
+      x, clause = _differing_inputs(kind)
+      with self.assertRaisesRegex(
+          errors.InvalidArgumentError,
+          r'copies replica 0 onto the other replicas, but ' + clause + _FIX):
+        strategy.run(_fn_of_inputs(calls), args=(x,))
+    self.assertEqual([], calls)
+    # The default build calls the function per replica, on its own share.
+    with tf.Graph().as_default():
+      strategy = replicate.MirroredStrategy(DEVICES)
+      x, _ = _differing_inputs(kind)
+      result = strategy.run(_fn_of_inputs(calls), args=(x,))
+      with tf1.Session(config=CONFIG) as sess:
+        local = sess.run(list(strategy.experimental_local_results(result)))
+    self.assertEqual([1, 1], calls)
+    # dtype: 1 + 2 both; structure: 1, then 1 + 2; python: 1, 2;
+    # tensor_and_python: 1, 1.
+    expected = {'dtype': [3., 3.], 'structure': [1., 3.],
+                'python': [1., 2.], 'tensor_and_python': [1., 1.]}[kind]
+    self.assertAllEqual(expected, local)
+
+  def test_copies_read_each_replicas_inputs(self):
+    # Tensors of one dtype and shape, equal Python values and ops differ
+    # between the replicas' arguments as copies can follow: the function is
+    # called once and replica i reads its own rows.
+    # x_i = [[1, 2], [3, 4]] + 10 i, scaled by the Python factor 3 (equal in
+    # both, an int and a float): sums 30 and 30 + 10 * 4 * 3 = 150.
+    calls = []
+
+    def fn(x, factor, ready):
+      calls.append(1)
+      with tf.control_dependencies([ready]):
+        return tf.reduce_sum(x * factor)
+
+    rows = [np.array([[1., 2.], [3., 4.]], np.float32) + 10. * i
+            for i in range(NUM)]
+    with tf.Graph().as_default():
+      strategy = replicate.MirroredStrategy(DEVICES, replica_build=CLONE)
+      x = _per_replica(*[tf.constant(r) for r in rows])
+      factor = _per_replica(3, 3.0)
+      ready = _per_replica(tf.no_op(name='ready_0'), tf.no_op(name='ready_1'))
+      result = strategy.run(fn, args=(x, factor, ready))
+      with tf1.Session(config=CONFIG) as sess:
+        local = sess.run(list(strategy.experimental_local_results(result)))
+    self.assertEqual([1], calls)
+    self.assertAllEqual([30., 150.], local)
+
+  def test_copies_read_each_replicas_indexed_slices_share(self):
+    # A merge_call hands each replica its own IndexedSlices (distinct values
+    # and indices); replica 0's ops are copied, and the copies must read
+    # replica 1's share. Densified to 3 rows of 2:
+    #   replica 0: row 0 = [1, 2];   sum of row-weighted values
+    #   replica 1: row 2 = [5, 7].
+    # The function returns sum(dense * [[1], [10], [100]]): 3 and 1200.
+    def fn():
+      def merge_fn(strategy):
+        del strategy
+        return _per_replica(
+            tf.IndexedSlices(tf.constant([[1., 2.]]), tf.constant([0]),
+                             tf.constant([3, 2])),
+            tf.IndexedSlices(tf.constant([[5., 7.]]), tf.constant([2]),
+                             tf.constant([3, 2])))
+      share = replicate.get_replica_context().merge_call(merge_fn)
+      dense = tf.math.unsorted_segment_sum(share.values, share.indices, 3)
+      return tf.reduce_sum(dense * tf.constant([[1.], [10.], [100.]]))
+
+    for build in (CLONE, None):
+      with tf.Graph().as_default():
+        strategy = (replicate.MirroredStrategy(DEVICES) if build is None else
+                    replicate.MirroredStrategy(DEVICES, replica_build=build))
+        result = strategy.run(fn)
+        with tf1.Session(config=CONFIG) as sess:
+          local = sess.run(list(strategy.experimental_local_results(result)))
+      self.assertAllEqual([3., 1200.], local, msg=str(build))
+
+  def test_merge_shares_of_another_dtype_are_refused(self):
+    # Tensors of one shape but two dtypes: a copy of replica 0's ops cannot
+    # read replica 1's share.
+    def fn():
+      def merge_fn(strategy):
+        del strategy
+        return _per_replica(tf.constant([1., 2.], tf.float32),
+                            tf.constant([1., 2.], tf.float64))
+      share = replicate.get_replica_context().merge_call(merge_fn)
+      return tf.reduce_sum(tf.cast(share, tf.float32))
+
+    with tf.Graph().as_default():
+      strategy = replicate.MirroredStrategy(DEVICES, replica_build=CLONE)
+      with self.assertRaisesRegex(
+          errors.InvalidArgumentError,
+          r'but a merge_call handed the replicas values that differ other '
+          r'than as tensors of one shape' + _FIX):
+        strategy.run(fn)
+
+
+if __name__ == '__main__':
+  tf.test.main()
