@@ -156,6 +156,30 @@ class CloneInputsTest(tf.test.TestCase, parameterized.TestCase):
           r'than as tensors of one shape' + _FIX):
         strategy.run(fn)
 
+  def test_copies_wait_for_their_own_share(self):
+    # A control dependency on replica 0's share is one on replica 1's share
+    # in replica 1's copy, as a call per replica would build it.
+    def fn():
+      def merge_fn(strategy):
+        del strategy
+        shares = []
+        for i, device in enumerate(DEVICES):
+          with tf.device(device):
+            shares.append(tf.identity(tf.constant(float(i)),
+                                      name='share_{}'.format(i)))
+        return _per_replica(*shares)
+      share = replicate.get_replica_context().merge_call(merge_fn)
+      with tf.control_dependencies([share]):
+        return tf.constant(1.0, name='after_share')
+
+    with tf.Graph().as_default():
+      strategy = replicate.MirroredStrategy(DEVICES, replica_build=CLONE)
+      result = strategy.run(fn)
+      local = strategy.experimental_local_results(result)
+    for i, out in enumerate(local):
+      self.assertEqual(['share_{}'.format(i)],
+                       [op.name for op in out.op.control_inputs])
+
 
 if __name__ == '__main__':
   tf.test.main()
