@@ -14,6 +14,7 @@ terms per call only, is not, on any batch (refused by `per_batch_metrics`).
 Only asked where rows are counted at run time, where a tensor's unknown
 dimensions are the tower's rows (batch_split.py).
 """
+import collections
 import enum
 
 import numpy as np
@@ -56,7 +57,7 @@ def amount_inputs(write):
 
 
 def per_batch_metrics(metrics, metric_variables, inputs):
-  """`{key: reduced}`: tower 0's metrics that add one term per call.
+  """`{key: PerBatch}`: tower 0's metrics that add one term per call.
 
   A write of such a metric adds an amount reduced (`Sum`, `Size`, ...) from
   a value of the batch as a whole, e.g. `tf.metrics.mean(loss)`: its total
@@ -70,34 +71,79 @@ def per_batch_metrics(metrics, metric_variables, inputs):
 
   A metric that adds a constant to one variable (a count of 1, or of ones
   the shape of a static value: `tf.metrics.mean_tensor`) while its other
-  writes read the batch adds one term per call too.
+  writes read the batch adds one term per call too. Only the writes that
+  can change the metric's value count: of a variable the value reads, of
+  an amount other than a static zero.
 
   A value whose static shape is not known is one where a reduction took
   away dimension 0 (`tf.reduce_mean(x, 0)` of an `x` of unknown columns):
   that was the rows where its input's dimension 0 is the tower's rows,
-  which only the step knows (a time-major sequence has time there). For
-  those, `reduced` is that input; for the others, None.
+  which only the step knows (a time-major sequence has time there), and
+  otherwise a sum over the rows is made from it. For those, `reduced` is
+  that input, and `counted` says whether the value also reads a term per
+  call (a count of calls), with which such a sum over the rows is never one
+  device's value; for the others, `reduced` is None.
 
   Raises:
     InvalidArgumentError: where a metric's value reads both a sum over the
       rows and a term per call, or one variable of terms per call only
       (`_check_terms`).
   """
-  writes = list(_writes(metrics, metric_variables, inputs))
-  _check_terms(metrics, writes)
+  by_key = _value_writes(metrics, _writes(metrics, metric_variables, inputs))
+  _check_terms(by_key)
   found = {}
-  constant = set()  # metric keys with a write that reads no batch
-  batch = set()  # metric keys with a write that reads the batch
-  for key, _, _, term, reduced in writes:
-    if term is _Term.PER_BATCH:
-      found.setdefault(key, reduced)
-    (constant if term is _Term.CONSTANT else batch).add(key)
-  for key in batch & constant:
-    found[key] = None
+  for key, writes in sorted(by_key.items()):
+    terms = [w.term for w in writes]
+    ambiguous = [w.reduced for w in writes
+                 if w.term is _Term.PER_BATCH and w.reduced is not None]
+    per_call = any(w.term is _Term.CONSTANT or (
+        w.term is _Term.PER_BATCH and w.reduced is None) for w in writes)
+    if ambiguous:
+      found[key] = PerBatch(ambiguous[0], per_call)
+    elif _Term.PER_BATCH in terms or (
+        _Term.CONSTANT in terms and any(t is not _Term.CONSTANT
+                                        for t in terms)):
+      found[key] = PerBatch(None, False)
   return found
 
 
-def _check_terms(metrics, writes):
+class PerBatch(collections.namedtuple('PerBatch', ['reduced', 'counted'])):
+  """How a metric of terms per call is checked at run time.
+
+  Attributes:
+    reduced: None where the metric surely adds per-batch values (the
+      towers' rows must be equal); else the tensor whose dimension 0 a
+      reduction took away, which were the rows only where that dimension is
+      the tower's rows.
+    counted: whether the value also reads a term per call, so that where
+      `reduced`'s dimension 0 is not the rows, the value divides a sum over
+      the rows by a count of calls.
+  """
+  __slots__ = ()
+
+
+class _Write(collections.namedtuple(
+    '_Write', ['variable', 'write', 'term', 'reduced'])):
+  __slots__ = ()
+
+
+def _value_writes(metrics, writes):
+  """`{key: [_Write]}`: the writes that can change each metric's value: of a
+  variable the value reads, adding something other than a static zero."""
+  by_key = {}
+  reads = {}
+  for key, variable, write, term, reduced in writes:
+    if _adds_zero(write):
+      continue
+    if key not in reads:
+      reads[key] = op_kinds.backward_cone([op_kinds.op_of(metrics[key][0])])
+    if variable.op in reads[key]:
+      by_key.setdefault(key, []).append(
+          _Write(variable, write, term, reduced))
+  return by_key
+
+
+def _check_terms(by_key):
   """Raises where a metric's value cannot be one device's on any batch.
 
   A write that adds a sum over the tower's rows gains over the towers what
@@ -108,16 +154,14 @@ def _check_terms(metrics, writes):
   it, on N equal shards. Nor is a value that reads one variable, of terms
   per call only (a running sum of the batch's mean loss, a count of calls):
   N times one device's, with nothing to divide it by.
+
+  Args:
+    by_key: `_value_writes`.
   """
-  by_key = {}
-  for key, variable, write, term, _ in writes:
-    if not _adds_zero(write):
-      by_key.setdefault(key, []).append((variable, write, term))
   for key, writes in sorted(by_key.items()):
-    read = op_kinds.backward_cone([op_kinds.op_of(metrics[key][0])])
-    writes = [w for w in writes if w[0].op in read]
-    sums = [w for w in writes if w[2] is _Term.ROWS]
-    calls = [w for w in writes if w[2] in (_Term.PER_BATCH, _Term.CONSTANT)]
+    sums = [w for w in writes if w.term is _Term.ROWS]
+    calls = [w for w in writes
+             if w.term in (_Term.PER_BATCH, _Term.CONSTANT)]
     if sums and calls:
       raise errors.InvalidArgumentError(
           'Metric {!r} cannot be reduced across towers: its value reads {} '
@@ -127,10 +171,11 @@ def _check_terms(metrics, writes):
           'from one device\'s on every batch. Compute the metric from '
           'per-row values (e.g. tf.compat.v1.metrics.mean of the per-example '
           'values, not of their sum), or evaluate on one device.'.format(
-              key, sums[0][0].op.name, sums[0][1].name, sums[0][2].value,
-              calls[0][0].op.name, calls[0][1].name, calls[0][2].value))
+              key, sums[0].variable.op.name, sums[0].write.name,
+              sums[0].term.value, calls[0].variable.op.name,
+              calls[0].write.name, calls[0].term.value))
     if calls and len(calls) == len(writes) and len(
-        set(w[0].op for w in writes)) == 1:
+        set(w.variable.op for w in writes)) == 1:
       raise errors.InvalidArgumentError(
           'Metric {!r} cannot be reduced across towers: its value reads only '
           '{}, to which op {} adds {}, one term per call. Over the towers it '
@@ -139,8 +184,8 @@ def _check_terms(metrics, writes):
           'device\'s (N times it, on N equal shards). Divide it by a count '
           'of calls (as tf.compat.v1.metrics.mean does), compute it from '
           'per-row values, or evaluate on one device.'.format(
-              key, calls[0][0].op.name, calls[0][1].name,
-              calls[0][2].value))
+              key, calls[0].variable.op.name, calls[0].write.name,
+              calls[0].term.value))
 
 
 class _Term(enum.Enum):
@@ -224,6 +269,10 @@ def _reduced_per_batch(write, unrowed):
       value = op.inputs[0]
       if _is_per_batch(value) and not (op.type in ('Sum', 'Mean') and
                                        _sums_rows(value, unrowed)):
+        if op.type in ('Sum', 'Mean') and _sums_rows(value, frozenset()):
+          # A sum over the rows unless a reduction over dimension 0 before
+          # it took the rows away: only the step knows.
+          return value, _reduction_in(value, unrowed)
         return value, None
       reduced = _first_dimension_reduced(value)
       if reduced is not None:
@@ -231,6 +280,25 @@ def _reduced_per_batch(write, unrowed):
       continue  # a reduction of rows, or of a tensor of unknown rank
     pending.extend(t for t in op.inputs if not op_kinds.is_variable(t))
   return None, None
+
+
+def _reduction_in(tensor, unrowed):
+  """The input of a reduction over dimension 0 of unknown result that
+  `tensor` is made from (`per_batch_metrics`)."""
+  pending = [tensor.op]
+  seen = set()
+  while pending:
+    op = pending.pop()
+    if op in seen or op not in unrowed:
+      continue
+    seen.add(op)
+    if (op.type in _AXIS_REDUCTIONS and
+        not op.outputs[0].shape.is_fully_defined()):
+      reduced = _first_dimension_reduced(op.outputs[0])
+      if reduced is not None:
+        return reduced
+    pending.extend(t.op for t in op.inputs)
+  raise AssertionError('no reduction in ' + tensor.name)  # pragma: no cover
 
 
 def _first_dimension_reduced(tensor):
@@ -319,36 +387,61 @@ def _is_per_batch(tensor):
 
 
 def even_rows_checks(per_batch, tower_rows, device):
-  """`[assertion]` that the towers' rows are equal, where metrics need it.
+  """`[assertion]` that the towers' rows are equal, where metrics need it,
+  and that no metric divides a sum over the rows by a count of calls.
 
   Rows go to towers as evenly as they can, the first ones getting the
   extra rows, so the first and the last tower have equal rows only when all
   do.
+
+  Args:
+    per_batch: `per_batch_metrics`.
+    tower_rows: each tower's rows, int tensors.
+    device: where the assertions run.
   """
   if not per_batch:
     return []
   checks = []
+  equal = lambda: tf.equal(tower_rows[0], tower_rows[-1])
+  data = lambda: ['Rows per tower:'] + list(tower_rows)
   with tf1.name_scope('per_batch_metric_check'):
-    sure = sorted(key for key, reduced in per_batch.items() if reduced is None)
+    sure = sorted(key for key, check in per_batch.items()
+                  if check.reduced is None)
     if sure:
       with tf1.device(device):
         checks.append(tf1.assert_equal(
-            tower_rows[0], tower_rows[-1],
-            data=['Rows per tower:'] + list(tower_rows),
+            equal(), True, data=data(),
             message=_per_batch_message(sure, len(tower_rows))))
-    for key, reduced in sorted(per_batch.items()):
-      if reduced is None:
+    for key, check in sorted(per_batch.items()):
+      if check.reduced is None:
         continue
       # Where the value is made: only its first dimension crosses devices.
-      with tf1.colocate_with(reduced.op, ignore_existing=True):
-        first = tf.shape(reduced, out_type=tower_rows[0].dtype)[0]
+      with tf1.colocate_with(check.reduced.op, ignore_existing=True):
+        first = tf.shape(check.reduced, out_type=tower_rows[0].dtype)[0]
+      rows_reduced = tf.equal(first, tower_rows[0])
       with tf1.device(device):
         checks.append(tf1.assert_equal(
-            tf.logical_or(tf.equal(tower_rows[0], tower_rows[-1]),
-                          tf.not_equal(first, tower_rows[0])), True,
-            data=['Rows per tower:'] + list(tower_rows),
-            message=_per_batch_message([key], len(tower_rows))))
+            tf.logical_or(equal(), tf.logical_not(rows_reduced)), True,
+            data=data(), message=_per_batch_message([key], len(tower_rows))))
+        if check.counted:
+          checks.append(tf1.assert_equal(
+              rows_reduced, True,
+              data=['Dimension 0 of {}:'.format(check.reduced.name), first,
+                    'rows of tower 0:', tower_rows[0]],
+              message=_counted_message(key, check.reduced)))
   return checks
+
+
+def _counted_message(key, reduced):
+  return (
+      'Metric {!r} cannot be reduced across towers on this batch: its value '
+      'reads a count of calls and a sum made from a reduction over '
+      'dimension 0 of {}, which here is not the tower\'s rows, so the sum '
+      'runs over the rows. Over the towers that sum gains what it gains on '
+      'one device and the count a term per tower, so the value differs '
+      'from one device\'s. Compute the metric from per-row values (e.g. '
+      'tf.compat.v1.metrics.mean of the per-example values, not of their '
+      'sum), or evaluate on one device.'.format(key, reduced.name))
 
 
 def _per_batch_message(keys, num_towers):
