@@ -4,40 +4,14 @@ job, bad ps_strategy indices, a group leader for REPLICATED across tasks,
 ops pinned to other tasks, the greedy strategy's loads. Graphs only; no
 servers are started.
 """
-import json
-import os
-
 import tensorflow as tf
+import test_multi_worker as multi_worker
 
 import replicate
 from replicate._compat import tf1
 
-
-def _run_config(cluster, task_type, task_id, session_config=None):
-  """A RunConfig() built from TF_CONFIG, as users create it."""
-  old = os.environ.get('TF_CONFIG')
-  os.environ['TF_CONFIG'] = json.dumps({
-      'cluster': cluster, 'task': {'type': task_type, 'index': task_id}})
-  try:
-    return tf1.estimator.RunConfig(session_config=session_config)
-  finally:
-    if old is None:
-      del os.environ['TF_CONFIG']
-    else:
-      os.environ['TF_CONFIG'] = old
-
-
-def _model_fn(features, labels, mode):
-  hidden = tf1.layers.dense(features, 4, name='big')
-  predictions = tf1.layers.dense(hidden, 1, name='small')
-  loss = tf1.losses.mean_squared_error(labels, predictions)
-  train_op = None
-  if mode == tf1.estimator.ModeKeys.TRAIN:
-    train_op = replicate.TowerOptimizer(
-        tf1.train.GradientDescentOptimizer(0.1)).minimize(
-            loss, tf1.train.get_global_step())
-  return tf1.estimator.EstimatorSpec(
-      mode, loss=loss, train_op=train_op, predictions=predictions)
+_run_config = multi_worker._run_config
+_model_fn = multi_worker.PlacementTest._model_fn
 
 
 class PlacementEdgesTest(tf.test.TestCase):
@@ -102,8 +76,7 @@ class PlacementEdgesTest(tf.test.TestCase):
     # with collectives, which hang without a group leader; refused at build.
     config = _run_config({'chief': ['127.0.0.1:3'],
                           'worker': ['127.0.0.1:4']}, 'worker', 0,
-                         session_config=tf1.ConfigProto(
-                             device_filters=['/job:worker/task:0']))
+                         device_filters=['/job:worker/task:0'])
     with self.assertRaisesRegex(
         replicate.errors.InvalidArgumentError,
         r'across 2 training tasks.*collective_group_leader.*names none'):

@@ -2,6 +2,7 @@
 (cluster/session_configs.py): a wrong group leader or device filters that
 reach other training tasks fail at once, where training with them would
 hang until the operation timeout."""
+from absl.testing import parameterized
 import tensorflow as tf
 
 from replicate import errors
@@ -9,7 +10,7 @@ from replicate._compat import tf1
 from replicate.cluster import session_configs
 
 
-class SessionConfigsTest(tf.test.TestCase):
+class SessionConfigsTest(tf.test.TestCase, parameterized.TestCase):
 
   SPEC = tf1.train.ClusterSpec({'chief': ['127.0.0.1:1'],
                                 'worker': ['127.0.0.1:2', '127.0.0.1:3']})
@@ -47,32 +48,23 @@ class SessionConfigsTest(tf.test.TestCase):
                                       ['/job:worker/task:2'])),
         spec, 'worker', 2)
 
-  def test_no_device_filters_reach_every_other_task(self):
-    config = self._config('/job:chief/replica:0/task:0', [])
-    with self.assertRaisesRegex(
-        errors.InvalidArgumentError,
-        r'device_filters \[\] let the session of /job:worker/task:1 reach '
-        r'the training task\(s\) /job:chief/task:0, /job:worker/task:0;'):
-      session_configs.check_session_config(self._run_config(config),
-                                           self.SPEC, 'worker', 1)
-
-  def test_filter_without_a_job_matches_every_job(self):
-    # '/task:0' is task 0 of chief and of worker.
-    config = self._config('/job:chief/replica:0/task:0', ['/task:0'])
-    with self.assertRaisesRegex(
-        errors.InvalidArgumentError,
-        r"device_filters \['/task:0'\] let the session of /job:worker/task:1 "
-        r'reach the training task\(s\) /job:chief/task:0, /job:worker/task:0;'):
-      session_configs.check_session_config(self._run_config(config),
-                                           self.SPEC, 'worker', 1)
-
-  def test_filter_of_a_whole_job_reaches_its_other_tasks(self):
-    # The check itself (no training, so a mutant fails fast, not by a hang).
-    config = self._config('/job:chief/replica:0/task:0', ['/job:worker'])
-    with self.assertRaisesRegex(
-        errors.InvalidArgumentError,
-        r"device_filters \['/job:worker'\] let the session of "
-        r'/job:worker/task:1 reach the training task\(s\) /job:worker/task:0;'):
+  @parameterized.parameters(
+      # No filters: every task.
+      ([], r'device_filters \[\] let the session of /job:worker/task:1 reach '
+           r'the training task\(s\) /job:chief/task:0, /job:worker/task:0;'),
+      # '/task:0' is task 0 of chief and of worker.
+      (['/task:0'],
+       r"device_filters \['/task:0'\] let the session of /job:worker/task:1 "
+       r'reach the training task\(s\) /job:chief/task:0, /job:worker/task:0;'),
+      # A whole job: its other tasks (the check itself, with no training, so
+      # that a wrong check fails fast, not by a hang).
+      (['/job:worker'],
+       r"device_filters \['/job:worker'\] let the session of "
+       r'/job:worker/task:1 reach the training task\(s\) /job:worker/task:0;'))
+  def test_filters_reaching_other_training_tasks_are_refused(self, filters,
+                                                             pattern):
+    config = self._config('/job:chief/replica:0/task:0', filters)
+    with self.assertRaisesRegex(errors.InvalidArgumentError, pattern):
       session_configs.check_session_config(self._run_config(config),
                                            self.SPEC, 'worker', 1)
 
