@@ -237,22 +237,37 @@ class CollectiveKeys(object):
   (not on the worker), so all workers get equal group keys.
   """
 
-  def __init__(self, group_key_start=1, instance_key_start=100):
+  def __init__(self, group_key_start=1, instance_key_start=100,
+               instance_key_with_id_start=10000):
     """Builds the key source.
 
     Args:
       group_key_start: first group key (int >= 1).
-      instance_key_start: first instance key (int >= 1).
+      instance_key_start: first instance key handed out without a key id
+        (int >= 1).
+      instance_key_with_id_start: first instance key handed out for a key id
+        (int >= 1, other than `instance_key_start`); contrib's third
+        argument.
 
     Raises:
-      InvalidArgumentError: if a start is not a positive int.
+      InvalidTypeError: if a start is not an int.
+      InvalidArgumentError: if a start is below 1, or the two instance key
+        starts are equal.
     """
     check_int('group_key_start', group_key_start, 1)
     check_int('instance_key_start', instance_key_start, 1)
+    check_int('instance_key_with_id_start', instance_key_with_id_start, 1)
+    if instance_key_start == instance_key_with_id_start:
+      raise errors.InvalidArgumentError(
+          'instance_key_start and instance_key_with_id_start are both {}: '
+          'keys with and without a key id would collide; start them far '
+          'apart (the defaults are 100 and 10000).'.format(instance_key_start))
     self._lock = threading.Lock()
     self._next_group_key = group_key_start
     self._next_instance_key = instance_key_start
+    self._next_instance_key_with_id = instance_key_with_id_start
     self._group_keys = {}
+    self._instance_keys_by_id = {}
 
   def get_group_key(self, devices):
     """The group key of the collective group of `devices` (local devices)."""
@@ -265,9 +280,20 @@ class CollectiveKeys(object):
         self._next_group_key += 1
       return self._group_keys[key]
 
-  def get_instance_key(self):
-    """A new instance key, one per reduction."""
+  def get_instance_key(self, key_id=None):
+    """An instance key: a new one per call, or one per `key_id`.
+
+    Args:
+      key_id: optional string; every call with the same `key_id` gets the
+        same key (drawn from `instance_key_with_id_start` on), so that
+        workers agree on a key by name rather than by call order.
+    """
     with self._lock:
+      if key_id:
+        if key_id not in self._instance_keys_by_id:
+          self._instance_keys_by_id[key_id] = self._next_instance_key_with_id
+          self._next_instance_key_with_id += 1
+        return self._instance_keys_by_id[key_id]
       key = self._next_instance_key
       self._next_instance_key += 1
       return key

@@ -433,6 +433,31 @@ class CollectiveAllReduceTest(parameterized.TestCase, tf.test.TestCase):
                                 'group_key_start must be an integer >= 1'):
       replicate.CollectiveKeys(group_key_start=0)
 
+  def test_collective_keys_take_contrib_third_argument(self):
+    # contrib's CollectiveKeys(group_key_start, instance_key_start,
+    # instance_key_with_id_start): keys without an id count from the second,
+    # keys with an id from the third, one key per id however often asked.
+    keys = replicate.CollectiveKeys(3, 30, 3000)
+    self.assertEqual(keys.get_group_key(['/cpu:0', '/cpu:1']), 3)
+    self.assertEqual(keys.get_instance_key(), 30)
+    self.assertEqual(keys.get_instance_key('variable_a'), 3000)
+    self.assertEqual(keys.get_instance_key('variable_b'), 3001)
+    self.assertEqual(keys.get_instance_key('variable_a'), 3000)
+    self.assertEqual(keys.get_instance_key(), 31)
+    self.assertEqual(
+        replicate.CollectiveKeys(
+            group_key_start=7, instance_key_start=70,
+            instance_key_with_id_start=7000).get_instance_key(key_id='v'),
+        7000)
+    with self.assertRaisesRegex(
+        errors.InvalidArgumentError,
+        'instance_key_start and instance_key_with_id_start are both 50'):
+      replicate.CollectiveKeys(1, 50, 50)
+    with self.assertRaisesRegex(
+        errors.InvalidTypeError,
+        r"instance_key_with_id_start must be an integer >= 1, got '9'"):
+      replicate.CollectiveKeys(1, 50, '9')
+
 
 if __name__ == '__main__':
   tf.test.main()
