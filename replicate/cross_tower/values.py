@@ -219,8 +219,21 @@ def _device_of_graph_object(obj, what, prefix=''):
   return device
 
 
+def _resolve(device):
+  """`device` canonicalized; a string without a job takes what it leaves
+  out from the enclosing `tf.device` scope, as contrib's
+  `device_util.resolve` did (`'/cpu:0'` inside
+  `tf.device('/job:worker/task:1')` is that worker's CPU)."""
+  if device_util.parse(device).job is not None:
+    return device_util.canonicalize(device)
+  return device_util.canonicalize(device, _compat.current_device() or None)
+
+
 def get_devices_from(destinations):
   """The canonical devices named by `destinations`.
+
+  A device string takes what it leaves out from the enclosing `tf.device`
+  scope (outside any scope, from the local defaults).
 
   Args:
     destinations: a device string; a list or tuple of device strings; a
@@ -248,7 +261,7 @@ def get_devices_from(destinations):
           'destinations can not be empty: destinations is an empty string; '
           'pass a device such as '
           '"/device:CPU:0".')
-    return (device_util.canonicalize(destinations),)
+    return (_resolve(destinations),)
   if isinstance(destinations, (list, tuple)):
     if not destinations:
       raise errors.InvalidArgumentError(
@@ -261,7 +274,7 @@ def get_devices_from(destinations):
         raise errors.InvalidArgumentTypeError(
             'A list of destinations must hold device strings, got {!r} of '
             'type {}.'.format(d, type(d).__name__))
-      d = device_util.canonicalize(d)
+      d = _resolve(d)
       if d not in result:
         result.append(d)
     return tuple(result)

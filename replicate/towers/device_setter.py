@@ -135,9 +135,11 @@ def tower_device_setter(worker_device, choose_parameter_device,
 
   def place(op):
     requested = op.device or ''
-    # Device functions see Operations, and NodeDefs when a graph is imported.
-    op_type = op.type if isinstance(op, tf1.Operation) else op.op
-    if requested_devices is not None:
+    # Device functions see Operations, NodeDefs when a graph is imported,
+    # and op-like stand-ins asking where a new op would go
+    # (`_compat.current_device`, with no name).
+    op_type = op.op if isinstance(op, tf1.NodeDef) else op.type
+    if requested_devices is not None and op.name:
       requested_devices[op.name] = requested
     if op_type in op_kinds.PARAMETER_OP_TYPES:
       spec = device_util.parse(choose_parameter_device(op))

@@ -184,6 +184,34 @@ class ValuesTest(tf.test.TestCase):
           'string'):
         values.get_devices_from(3.5)
 
+  def test_destination_strings_take_the_device_scope(self):
+    # Between-graph code builds in its worker's scope and names '/cpu:0':
+    # as contrib's device_util.resolve, the string takes the scope's job and
+    # task (a destination on /job:localhost does not exist in a cluster
+    # session); a full spelling keeps its own; outside a scope, local.
+    worker1 = '/job:worker/replica:0/task:1'
+    worker0_cpu0 = '/job:worker/replica:0/task:0/device:CPU:0'
+    with tf.Graph().as_default():
+      self.assertEqual(values.get_devices_from('/cpu:0'), (_CPU0,))
+      with tf.device(worker1):
+        self.assertEqual(values.get_devices_from('/device:CPU:0'),
+                         (worker1 + '/device:CPU:0',))
+        self.assertEqual(
+            values.get_devices_from([worker0_cpu0, '/cpu:1', 'CPU:1']),
+            (worker0_cpu0, worker1 + '/device:CPU:1'))
+      with tf.device(worker0_cpu0):
+        a = tf.constant([1., 2.])
+      with tf.device(worker1 + '/device:CPU:0'):
+        b = tf.constant([3., 5.])
+      with tf.device(worker1):
+        total = replicate.ReductionToOneDeviceCrossTowerOps().reduce(
+            replicate.ReduceOp.SUM,
+            values.PerDevice({worker0_cpu0: a, worker1 + '/cpu:0': b}),
+            destinations='/cpu:0')
+      self.assertEqual(total.devices, (worker1 + '/device:CPU:0',))
+      self.assertEqual(device_util.canonicalize(total.get().device),
+                       worker1 + '/device:CPU:0')
+
   def test_as_per_device(self):
     with tf.Graph().as_default():
       with tf.device('/cpu:1'):
