@@ -156,5 +156,32 @@ class TuningTest(parameterized.TestCase, tf.test.TestCase):
         pass
 
 
+  def test_replace_keeps_the_other_non_default_fields(self):
+    # Every field off its default, then one changed: the other four must
+    # keep their (non-default) values, not fall back to the defaults.
+    custom = tuning.Tuning(pack_max_bytes=1000, pack_max_group=3,
+                           pack_small_bytes=7, all_reduce_bucket_bytes=5000,
+                           all_reduce_min_buckets=2)
+    changed = custom.replace(pack_max_group=9)
+    self.assertEqual(
+        tuning.Tuning(pack_max_bytes=1000, pack_max_group=9,
+                      pack_small_bytes=7, all_reduce_bucket_bytes=5000,
+                      all_reduce_min_buckets=2), changed)
+    self.assertEqual(3, custom.pack_max_group)  # Untouched.
+    self.assertEqual(custom, custom.replace())
+
+  def test_replace_validates_like_the_constructor(self):
+    custom = tuning.Tuning(pack_max_bytes=1000)
+    with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                'Tuning.pack_max_group must be at least 1'):
+      custom.replace(pack_max_group=0)
+    with self.assertRaisesRegex(errors.InvalidTypeError,
+                                'Tuning.pack_max_bytes must be an int'):
+      custom.replace(pack_max_bytes=1.5)
+    with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                'Unknown Tuning field'):
+      custom.replace(pack_bytes=1)
+
+
 if __name__ == '__main__':
   tf.test.main()
