@@ -211,7 +211,9 @@ class DatasetIterator(_IteratorBase):
       for device, piece in zip(self._devices, pieces):
         with tf.device(device):
           index[device] = input_split.identity(piece)
-      leaves.append(values_lib.PerReplica(index))
+      # One device: the placed tensor itself, as from an input_fn's
+      # iterator and TF's (regroup keeps a lone value as it is).
+      leaves.append(values_lib.regroup(index, values_lib.PerReplica))
     return tf.nest.pack_sequence_as(element, leaves)
 
 

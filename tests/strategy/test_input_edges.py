@@ -44,6 +44,22 @@ class OneReplicaInputTest(tf.test.TestCase):
         self.assertAllEqual(sess.run(pieces[0]), [3, 4])
 
 
+  def test_one_device_gives_plain_tensors_from_every_input_api(self):
+    # As TF's MirroredStrategy on one device: the batch itself, placed on
+    # the device, from a dataset's iterator as from an input_fn's (the
+    # dataset's was a one-device PerReplica before 2026-11-28).
+    strategy = replicate.MirroredStrategy([DEVICES[1]])
+    with tf.Graph().as_default():
+      dataset = tf.data.Dataset.range(6).batch(3)
+      for element in (
+          strategy.make_dataset_iterator(dataset).get_next(),
+          strategy.make_input_fn_iterator(lambda _: dataset).get_next(),
+          strategy.experimental_distribute_dataset(
+              dataset).make_initializable_iterator().get_next()):
+        self.assertIsInstance(element, tf.Tensor)
+        self.assertIn('CPU:1', element.device)
+
+
 class NumpyScalarInputTest(tf.test.TestCase):
 
   def test_numpy_scalars_are_refused_with_the_librarys_message(self):
