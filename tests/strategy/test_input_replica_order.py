@@ -2,8 +2,8 @@
 
 Pins, on 4 virtual CPUs: that replica i (the strategy's i-th device) reads
 the i-th of the successive elements of an `input_fn` dataset, by device and
-not only by position; that a one-device strategy's batch is placed on its
-device; and that `experimental_run_steps_on_iterator` gives each recorded
+not only by position; that `make_initializable_iterator` restarts; and
+that `experimental_run_steps_on_iterator` gives each recorded
 output its own last-step value.
 """
 import tensorflow as tf
@@ -47,21 +47,6 @@ class InputReplicaOrderTest(tf.test.TestCase):
         # Replica i: [2i, 2i + 1] + 100 i.
         self.assertAllEqual(got_seen,
                             [[0, 1], [102, 103], [204, 205], [306, 307]])
-
-  def test_one_device_strategy_places_its_batch_on_its_device(self):
-    # One replica on CPU:1: nothing is split, but the batch is read onto
-    # that device, whatever the container of the value.
-    strategy = replicate.MirroredStrategy([DEVICES[1]])
-    with tf.Graph().as_default():
-      iterator = strategy.make_dataset_iterator(
-          tf.data.Dataset.range(6).batch(3))
-      pieces = strategy.experimental_local_results(iterator.get_next())
-      self.assertLen(pieces, 1)
-      self.assertIn('CPU:1', pieces[0].device)
-      with tf1.Session(config=CONFIG) as sess:
-        sess.run(iterator.initialize())
-        self.assertAllEqual(sess.run(pieces[0]), [0, 1, 2])
-        self.assertAllEqual(sess.run(pieces[0]), [3, 4, 5])
 
   def test_tf_make_initializable_iterator_restarts(self):
     # tf.compat.v1.data.make_initializable_iterator on a distributed dataset
