@@ -50,7 +50,8 @@ class WorkerAllReduce(multi_worker_ops.CollectiveAllReduce):
   values of a bucket are flattened and concatenated, reduced, scaled and
   split again (Horovod's fusion buffer); a bucket of one value is reduced
   as it is. Other batches go through `CollectiveAllReduce`. Every sum is
-  then multiplied by `scale`. Every task builds the same model, hence the
+  then multiplied by `scale`; a `MEAN` is not (it already divides by the
+  number of values over all tasks). Every task builds the same model, hence the
   same buckets in the same order, so its collectives (keyed in build order)
   meet the other tasks'.
   """
@@ -60,7 +61,8 @@ class WorkerAllReduce(multi_worker_ops.CollectiveAllReduce):
 
     Args:
       num_workers: int >= 1, how many tasks take part.
-      scale: what every sum is multiplied by (1.0: nothing is).
+      scale: what every `SUM` is multiplied by (1.0: nothing is); a
+        `MEAN` is left as it is.
       tuning: the `Tuning` that sizes the buckets; None: the calling
         thread's current one.
     """
@@ -70,9 +72,13 @@ class WorkerAllReduce(multi_worker_ops.CollectiveAllReduce):
 
   def _batch_reduce(self, reduce_op, value_destination_pairs):
     devices = value_destination_pairs[0][0].devices
-    if reduce_op != ReduceOp.SUM or not all(
-        _packable(value, destinations, devices)
-        for value, destinations in value_destination_pairs):
+    if reduce_op != ReduceOp.SUM:
+      # A mean already divides by the number of values: `scale` turns sums
+      # of per-task means into one mean, and would shrink a mean again.
+      return super(WorkerAllReduce, self)._batch_reduce(
+          reduce_op, value_destination_pairs)
+    if not all(_packable(value, destinations, devices)
+               for value, destinations in value_destination_pairs):
       return [self._scaled(m) for m in super(
           WorkerAllReduce, self)._batch_reduce(reduce_op,
                                                value_destination_pairs)]

@@ -31,6 +31,7 @@ import tensorflow as tf
 import replicate
 from replicate._compat import tf1
 from replicate.cluster import placement as cluster_placement
+from replicate.core import device_util
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _TASK_SCRIPT = os.path.join(_HERE, 'all_reduce_task.py')
@@ -352,6 +353,72 @@ class GradientAllReduceTest(tf.test.TestCase):
         4, tf1.losses.Reduction.SUM)
     self.assertEqual(0.25, mean._scale)  # pylint: disable=protected-access
     self.assertEqual(1.0, total._scale)  # pylint: disable=protected-access
+
+  def test_results_and_ops_on_their_devices(self):
+    # A packed bucket (two float32 values) and a value reduced alone
+    # (float64), scaled by 0.5: every op the reduction adds (packing,
+    # collectives, scaling, splitting) is on one of the towers' devices (in
+    # a cluster a device-less op lands on the task's default device), and
+    # each result on the device it is mirrored for. Value k on device i is
+    # 10 k + i + [0, 1, 2], so a piece taken from another device shows.
+    devices = [device_util.canonicalize(d)
+               for d in replicate.testing.virtual_cpu_devices(2)]
+    dtypes = (np.float32, np.float32, np.float64)
+    with tf.Graph().as_default() as graph:
+      values = []
+      for k, dtype in enumerate(dtypes):
+        per_device = {}
+        for i, device in enumerate(devices):
+          with tf1.device(device):
+            per_device[device] = tf.constant(
+                (10. * k + i + np.arange(3)).astype(dtype))
+        values.append((replicate.PerDevice(per_device), devices))
+      before = set(graph.get_operations())
+      reduced = replicate.multi_worker.WorkerAllReduce(
+          num_workers=1, scale=0.5).batch_reduce(replicate.ReduceOp.SUM,
+                                                 values)
+      for op in set(graph.get_operations()) - before:
+        self.assertIn(device_util.resolve(op.device), devices, op.name)
+      for mirrored in reduced:
+        self.assertEqual(sorted(devices), sorted(mirrored.devices))
+        for device in devices:
+          self.assertEqual(device, device_util.resolve(
+              mirrored.get(device).device))
+      with tf1.Session(config=replicate.testing.virtual_cpu_config(2)) as s:
+        results = s.run([[m.get(d) for d in devices] for m in reduced])
+    for k, per_device in enumerate(results):
+      # ((10 k + [0, 1, 2]) + (10 k + 1 + [0, 1, 2])) * 0.5.
+      expected = (20. * k + 1. + 2. * np.arange(3)).astype(dtypes[k]) * 0.5
+      for result in per_device:
+        self.assertAllEqual(expected, result)
+        self.assertEqual(dtypes[k], result.dtype)
+
+  def test_a_mean_is_not_scaled(self):
+    # scale turns sums of per-task means into one mean; a MEAN already
+    # divides by the number of values. 2 and 4 (and 10 and 30 beside them,
+    # the batch a packed one): SUM * 0.5 gives 3 and 20, MEAN gives 3 and
+    # 20 too, not 1.5 and 10.
+    devices = replicate.testing.virtual_cpu_devices(2)
+    with tf.Graph().as_default():
+      values = []
+      for pair in ((2., 4.), (10., 30.)):
+        per_device = {}
+        for device, x in zip(devices, pair):
+          with tf1.device(device):
+            per_device[device] = tf.constant([x])
+        values.append((replicate.PerDevice(per_device), devices))
+      all_reduce = replicate.multi_worker.WorkerAllReduce(
+          num_workers=1, scale=0.5)
+      sums = all_reduce.batch_reduce(replicate.ReduceOp.SUM, values)
+      means = all_reduce.batch_reduce(replicate.ReduceOp.MEAN, values)
+      mean = all_reduce.reduce(replicate.ReduceOp.MEAN, values[0][0],
+                               devices)
+      with tf1.Session(config=replicate.testing.virtual_cpu_config(2)) as s:
+        got = s.run([[m.values for m in sums], [m.values for m in means],
+                     mean.values])
+    self.assertAllEqual([[[3.], [3.]], [[20.], [20.]]], got[0])
+    self.assertAllEqual([[[3.], [3.]], [[20.], [20.]]], got[1])
+    self.assertAllEqual([[3.], [3.]], got[2])
 
 
 class MisuseTest(tf.test.TestCase):
