@@ -20,6 +20,7 @@ import tensorflow as tf
 import replicate
 from replicate._compat import tf1
 from replicate.cluster import cluster_check
+from replicate.cluster import placement as cluster_placement
 
 _JOIN_SECS = 60
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -30,6 +31,15 @@ _Y = _X.sum(axis=1, keepdims=True)
 
 def _address():
   return '127.0.0.1:%d' % replicate.testing.pick_unused_port()
+
+
+def _listener(host='127.0.0.1', family=socket.AF_INET):
+  """A bound, listening socket (accepts into the backlog; never answers)."""
+  s = socket.socket(family)
+  s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+  s.bind((host, 0))
+  s.listen(16)
+  return s
 
 
 class _NotATfServer(object):
@@ -373,6 +383,132 @@ class ClosedQueueTest(tf.test.TestCase):
     self.assertRegex('\n'.join(logs.output),
                      r'Training ended at global_step \d+, before its target '
                      r'step %d' % target)
+
+
+class AddressTest(tf.test.TestCase):
+
+  def test_bracketed_ipv6_address_is_probed(self):
+    # TF_CONFIG writes IPv6 hosts in brackets ('[::1]:2222'); the TCP probe
+    # must connect to ::1, not fail to resolve '[::1]'.
+    try:
+      listener = _listener('::1', socket.AF_INET6)
+    except OSError:
+      self.skipTest('no IPv6 loopback here')
+    self.addCleanup(listener.close)
+    up = '[::1]:%d' % listener.getsockname()[1]
+    down = '[::1]:%d' % replicate.testing.pick_unused_port()
+    spec = tf1.train.ClusterSpec({'ps': [up, down]})
+    self.assertEqual([('ps', 1)], cluster_check.unreachable_tasks(
+        spec, [('ps', 0), ('ps', 1)]))
+
+
+class TaskWatcherTest(tf.test.TestCase):
+
+  def test_logs_each_task_that_was_up_once(self):
+    # a/task:0 accepts connections, then stops; a/task:1 never did (it is
+    # not "lost during training"); b/task:0 stays up.
+    first, stays = _listener(), _listener()
+    self.addCleanup(stays.close)
+    first_address = '127.0.0.1:%d' % first.getsockname()[1]
+    spec = tf1.train.ClusterSpec({
+        'a': [first_address, _address()],
+        'b': ['127.0.0.1:%d' % stays.getsockname()[1]]})
+    watcher = cluster_check.TaskWatcher(spec, interval_secs=0.05)
+    with self.assertLogs(level='ERROR') as logs:
+      watcher.start()
+      self.addCleanup(watcher.stop)
+      time.sleep(0.5)
+      first.close()
+      deadline = time.time() + 10
+      while not watcher.lost and time.time() < deadline:
+        time.sleep(0.05)
+      time.sleep(0.5)  # Ten more rounds: nothing more is lost.
+      watcher.stop()
+    self.assertEqual(['/job:a/task:0 at ' + first_address], watcher.lost)
+    self.assertLen([line for line in logs.output
+                    if 'stopped accepting connections' in line], 1)
+
+
+class TargetStepTest(tf.test.TestCase):
+
+  def _end_logs(self, step, stop_hooks):
+    """The ERROR lines of the hook's `end` with the global step at `step`."""
+    spec = tf1.train.ClusterSpec({'chief': [_address()]})
+    with tf.Graph().as_default():
+      global_step = tf1.train.get_or_create_global_step()
+      hook = cluster_check.ClusterCheckHook(
+          spec, [], [], 1.0, stop_hooks=stop_hooks, tasks=[])
+      hook.begin()  # No task to wait for.
+      with tf1.Session() as session:
+        session.run(global_step.assign(step))
+        with self.assertLogs(level='INFO') as logs:
+          tf1.logging.info('end')  # assertLogs needs one record.
+          hook.end(session)
+    return [line for line in logs.output if line.startswith('ERROR')]
+
+  def test_the_first_stop_hook_to_fire_is_the_target(self):
+    # Estimator.train(hooks=[StopAtStepHook(last_step=3)], max_steps=10)
+    # ends at 3, as asked: the target is the smallest last step.
+    hooks = [tf1.train.StopAtStepHook(last_step=10),
+             tf1.train.StopAtStepHook(last_step=3)]
+    self.assertEqual([], self._end_logs(3, hooks))
+    errors = self._end_logs(2, hooks)
+    self.assertLen(errors, 1)
+    self.assertIn('Training ended at global_step 2, before its target step 3',
+                  errors[0])
+
+
+class WhatTheHookWaitsForTest(tf.test.TestCase):
+
+  def test_no_operation_timeout_waits_for_a_late_task(self):
+    # operation_timeout_in_ms unset (0, TF's default: wait forever): the
+    # hook waits for a ps that starts 1 s after it, instead of failing.
+    cluster = {'ps': [_address()], 'chief': [_address()]}
+    spec = tf1.train.ClusterSpec(cluster)
+    tf1.train.Server(spec, job_name='chief', task_index=0)
+    hook = cluster_check.make_hook(_run_config(cluster, 'chief'),
+                                   ['/job:chief/task:0/device:CPU:0'])
+    result = {}
+
+    def begin():
+      try:
+        with tf.Graph().as_default():
+          hook.begin()
+        result['done'] = True
+      except Exception as e:  # pylint: disable=broad-except
+        result['error'] = e
+
+    thread = threading.Thread(target=begin, daemon=True)
+    thread.start()
+    time.sleep(1.0)
+    self.assertNotIn('error', result)
+    tf1.train.Server(spec, job_name='ps', task_index=0)
+    thread.join(_JOIN_SECS)
+    self.assertFalse(thread.is_alive())
+    self.assertEqual({'done': True}, result)
+
+  def test_all_reduce_hook_waits_for_every_training_task(self):
+    # REPLICATED across chief and worker: each session is filtered to its
+    # own task, but the collectives need the other task, so the chief's
+    # hook waits for the worker too and names it when it is down.
+    cluster = {'chief': [_address()], 'worker': [_address()]}
+    spec = tf1.train.ClusterSpec(cluster)
+    tf1.train.Server(spec, job_name='chief', task_index=0)
+    config = replicate.multi_worker.all_reduce_run_config(_run_config(
+        cluster, 'chief', operation_timeout_in_ms=1000))
+    with tf.Graph().as_default():
+      placement = cluster_placement.placement(
+          config, tf1.estimator.ModeKeys.TRAIN, ['/device:CPU:0'],
+          replicate.VariablePlacement.REPLICATED)
+      hook, = [h for h in placement.training_hooks
+               if isinstance(h, cluster_check.ClusterCheckHook)]
+      start = time.time()
+      with self.assertRaisesRegex(
+          replicate.errors.UnavailableError,
+          r'within 1 s: /job:worker/task:0 at %s did not accept '
+          r'connections' % cluster['worker'][0]):
+        hook.begin()
+      self.assertLess(time.time() - start, 10)
 
 
 if __name__ == '__main__':
