@@ -51,9 +51,9 @@ class WorkerAllReduce(multi_worker_ops.CollectiveAllReduce):
   split again (Horovod's fusion buffer); a bucket of one value is reduced
   as it is. Other batches go through `CollectiveAllReduce`. Every sum is
   then multiplied by `scale`; a `MEAN` is not (it already divides by the
-  number of values over all tasks). Every task builds the same model, hence the
-  same buckets in the same order, so its collectives (keyed in build order)
-  meet the other tasks'.
+  number of values over all tasks). Every task builds the same model, hence
+  the same buckets in the same order, so its collectives (keyed in build
+  order) meet the other tasks'.
   """
 
   def __init__(self, num_workers, scale=1.0, tuning=None):
