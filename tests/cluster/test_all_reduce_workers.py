@@ -396,8 +396,10 @@ class GradientAllReduceTest(tf.test.TestCase):
   def test_a_mean_is_not_scaled(self):
     # scale turns sums of per-task means into one mean; a MEAN already
     # divides by the number of values. 2 and 4 (and 10 and 30 beside them,
-    # the batch a packed one): SUM * 0.5 gives 3 and 20, MEAN gives 3 and
-    # 20 too, not 1.5 and 10.
+    # the batch a packed one), scale 0.25 (not 1/2, which would make a
+    # scaled sum look like the mean): SUM gives 6 * 0.25 = 1.5 and
+    # 40 * 0.25 = 10; MEAN gives 3 and 20, not 0.75 and 5 (scaled) nor 1.5
+    # and 10 (the scaled sum).
     devices = replicate.testing.virtual_cpu_devices(2)
     with tf.Graph().as_default():
       values = []
@@ -408,7 +410,7 @@ class GradientAllReduceTest(tf.test.TestCase):
             per_device[device] = tf.constant([x])
         values.append((replicate.PerDevice(per_device), devices))
       all_reduce = replicate.multi_worker.WorkerAllReduce(
-          num_workers=1, scale=0.5)
+          num_workers=1, scale=0.25)
       sums = all_reduce.batch_reduce(replicate.ReduceOp.SUM, values)
       means = all_reduce.batch_reduce(replicate.ReduceOp.MEAN, values)
       mean = all_reduce.reduce(replicate.ReduceOp.MEAN, values[0][0],
@@ -416,7 +418,7 @@ class GradientAllReduceTest(tf.test.TestCase):
       with tf1.Session(config=replicate.testing.virtual_cpu_config(2)) as s:
         got = s.run([[m.values for m in sums], [m.values for m in means],
                      mean.values])
-    self.assertAllEqual([[[3.], [3.]], [[20.], [20.]]], got[0])
+    self.assertAllEqual([[[1.5], [1.5]], [[10.], [10.]]], got[0])
     self.assertAllEqual([[[3.], [3.]], [[20.], [20.]]], got[1])
     self.assertAllEqual([[3.], [3.]], got[2])
 
