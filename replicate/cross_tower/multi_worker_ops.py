@@ -246,22 +246,18 @@ class CollectiveKeys(object):
       instance_key_start: first instance key handed out without a key id
         (int >= 1).
       instance_key_with_id_start: first instance key handed out for a key id
-        (int >= 1, other than `instance_key_start`); contrib's third
-        argument.
+        (int >= 1); contrib's third argument. The library's reductions draw
+        no keys by id; where both kinds are drawn, the ranges must not
+        overlap (contrib's own tests start both at the same key and draw
+        one kind).
 
     Raises:
       InvalidTypeError: if a start is not an int.
-      InvalidArgumentError: if a start is below 1, or the two instance key
-        starts are equal.
+      InvalidArgumentError: if a start is below 1.
     """
     check_int('group_key_start', group_key_start, 1)
     check_int('instance_key_start', instance_key_start, 1)
     check_int('instance_key_with_id_start', instance_key_with_id_start, 1)
-    if instance_key_start == instance_key_with_id_start:
-      raise errors.InvalidArgumentError(
-          'instance_key_start and instance_key_with_id_start are both {}: '
-          'keys with and without a key id would collide; start them far '
-          'apart (the defaults are 100 and 10000).'.format(instance_key_start))
     self._lock = threading.Lock()
     self._next_group_key = group_key_start
     self._next_instance_key = instance_key_start
