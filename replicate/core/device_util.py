@@ -3,20 +3,26 @@
 TensorFlow accepts many spellings of one device: `/cpu:0`, `CPU:0`,
 `/device:CPU:0`, `/job:localhost/replica:0/task:0/device:CPU:0`. Every device
 string `replicate` reads goes through `parse`; everything that compares or
-keys devices uses `canonicalize` (fully qualified), so two spellings of the
-same device always compare equal. `normalize` keeps only the parts a user
-gave, in TF's spelling, for device scopes whose job and task a cluster fills
-in later; it is never used to compare devices.
+keys devices uses `canonicalize`, so two spellings of the same device always
+compare equal. The canonical form is TF's graph-mode one: this process's
+devices name no job (`/replica:0/task:0/device:CPU:0`), so a session on a
+`tf.train.Server` places them on its own task, as it placed contrib's.
+`normalize` keeps only the parts a user gave, in TF's spelling, for device
+scopes whose job and task a cluster fills in later; it is never used to
+compare devices.
 """
 import tensorflow as tf
 
 from replicate import errors
 from replicate._compat import tf1
 
-# What an unspecified part of a device string means: the local job, the first
-# replica and task, the first CPU.
-_LOCAL_DEFAULTS = (('job', 'localhost'), ('replica', 0), ('task', 0),
-                   ('device_type', 'CPU'), ('device_index', 0))
+# What an unspecified part of a device string means: the first replica and
+# task, the first CPU; no job (this process), as TF's graph-mode
+# `device_util.canonicalize`. `/job:localhost` is this process too, so it is
+# dropped: its spellings compare equal to the job-less ones.
+_LOCAL_DEFAULTS = (('replica', 0), ('task', 0), ('device_type', 'CPU'),
+                   ('device_index', 0))
+_LOCAL_JOB = 'localhost'
 
 
 def parse(device, what='device'):
@@ -75,9 +81,10 @@ def canonicalize(device, default=None):
   """Returns the fully specified, canonical spelling of `device`.
 
   Parts missing from `device` are taken from `default`, then from the local
-  defaults (`/job:localhost/replica:0/task:0/device:CPU:0`). Device types
-  are upper-cased, so `/cpu:0`, `CPU:0` and `/device:CPU:0` all give
-  `/job:localhost/replica:0/task:0/device:CPU:0`.
+  defaults (`/replica:0/task:0/device:CPU:0`). Device types are upper-cased,
+  and `/job:localhost` (this process) is dropped, so `/cpu:0`, `CPU:0`,
+  `/device:CPU:0` and `/job:localhost/replica:0/task:0/device:CPU:0` all give
+  `/replica:0/task:0/device:CPU:0`, TF's graph-mode canonical string.
 
   Args:
     device: a device string (any spelling TensorFlow accepts) or a
@@ -86,7 +93,8 @@ def canonicalize(device, default=None):
       out, e.g. `/job:worker/task:1` to resolve `/gpu:0` on that worker.
 
   Returns:
-    A string such as `/job:localhost/replica:0/task:0/device:GPU:1`.
+    A string such as `/replica:0/task:0/device:GPU:1` or
+    `/job:worker/replica:0/task:1/device:GPU:1`.
 
   Raises:
     InvalidTypeError: if `device` or `default` is not a string or DeviceSpec.
@@ -96,6 +104,10 @@ def canonicalize(device, default=None):
   if default is not None:
     spec = spec.make_merged_spec(parse(default, 'default device'))
   spec = spec.make_merged_spec(parse(device, 'device'))
+  if spec.job == _LOCAL_JOB:
+    spec = tf1.DeviceSpec(replica=spec.replica, task=spec.task,
+                          device_type=spec.device_type,
+                          device_index=spec.device_index)
   return spec.to_string()
 
 
@@ -111,13 +123,15 @@ def worker_of(device):
     device: a device string in any spelling.
 
   Returns:
-    A string such as `/job:worker/replica:0/task:1`.
+    A string such as `/job:worker/replica:0/task:1`, or `/replica:0/task:0`
+    for this process's devices.
 
   Raises:
     InvalidTypeError, InvalidArgumentError: as `canonicalize`.
   """
   spec = tf1.DeviceSpec.from_string(canonicalize(device))
-  return '/job:{}/replica:{}/task:{}'.format(spec.job, spec.replica, spec.task)
+  return tf1.DeviceSpec(job=spec.job, replica=spec.replica,
+                        task=spec.task).to_string()
 
 
 def device_type_of(device):
@@ -147,7 +161,7 @@ def is_local(device):
     device: a device string in any spelling.
 
   Returns:
-    A bool: True for `/device:CPU:1` or
+    A bool: True for `/device:CPU:1`, `/replica:0/task:0/device:CPU:1` or
     `/job:localhost/replica:0/task:0/device:CPU:1`, False for
     `/job:worker/task:1/device:CPU:1`.
   """

@@ -220,12 +220,9 @@ def _device_of_graph_object(obj, what, prefix=''):
 
 
 def _resolve(device):
-  """`device` canonicalized; a string without a job takes what it leaves
-  out from the enclosing `tf.device` scope, as contrib's
-  `device_util.resolve` did (`'/cpu:0'` inside
-  `tf.device('/job:worker/task:1')` is that worker's CPU)."""
-  if device_util.parse(device).job is not None:
-    return device_util.canonicalize(device)
+  """`device` canonicalized; what it leaves out comes from the enclosing
+  `tf.device` scope, as contrib's `device_util.resolve` did (`'/cpu:0'`
+  inside `tf.device('/job:worker/task:1')` is that worker's CPU)."""
   return device_util.canonicalize(device, _compat.current_device() or None)
 
 

@@ -317,8 +317,7 @@ class GradientAllReduceTest(tf.test.TestCase):
         self.assertAllClose(expected, result)
         self.assertEqual(expected.dtype, result.dtype)
     self.assertEqual(
-        ['/job:localhost/replica:0/task:0/device:CPU:0',
-         '/job:localhost/replica:0/task:0/device:CPU:1'],
+        ['/replica:0/task:0/device:CPU:0', '/replica:0/task:0/device:CPU:1'],
         sorted(reduced[0].devices))
 
   def test_results_land_on_the_destinations_only(self):
@@ -338,7 +337,7 @@ class GradientAllReduceTest(tf.test.TestCase):
       all_reduce = replicate.multi_worker.WorkerAllReduce(num_workers=1)
       reduced = all_reduce.batch_reduce(replicate.ReduceOp.SUM, values)
       for mirrored in reduced:
-        self.assertEqual(('/job:localhost/replica:0/task:0/device:CPU:1',),
+        self.assertEqual(('/replica:0/task:0/device:CPU:1',),
                          tuple(mirrored.devices))
       with tf1.Session(config=replicate.testing.virtual_cpu_config(2)) as s:
         results = s.run([m.values[0] for m in reduced])

@@ -10,13 +10,17 @@ from replicate.core import device_check
 from replicate.core import device_util
 from replicate.towers import device_setter
 
-_CPU1 = '/job:localhost/replica:0/task:0/device:CPU:1'
+# TF's graph-mode canonical form: no job. `/job:localhost` is this process,
+# so its spellings are the same device.
+_CPU1 = '/replica:0/task:0/device:CPU:1'
+_LOCALHOST_CPU1 = '/job:localhost/replica:0/task:0/device:CPU:1'
 
 
 class ParserTest(parameterized.TestCase, tf.test.TestCase):
 
   @parameterized.parameters('/cpu:1', 'CPU:1', 'cpu:1', '/device:CPU:1',
-                            '/device:cpu:1', _CPU1, '/job:localhost/cpu:1',
+                            '/device:cpu:1', _CPU1, _LOCALHOST_CPU1,
+                            '/job:localhost/cpu:1',
                             tf1.DeviceSpec(device_type='CPU', device_index=1))
   def test_every_spelling_has_one_canonical_form(self, spelling):
     self.assertEqual(_CPU1, device_util.canonicalize(spelling))
@@ -33,6 +37,7 @@ class ParserTest(parameterized.TestCase, tf.test.TestCase):
   def test_is_local(self):
     self.assertTrue(device_util.is_local('/cpu:1'))
     self.assertTrue(device_util.is_local(_CPU1))
+    self.assertTrue(device_util.is_local(_LOCALHOST_CPU1))
     self.assertFalse(device_util.is_local('/job:worker/task:0/cpu:0'))
 
   def test_parse_errors(self):
@@ -50,11 +55,11 @@ class CheckDeviceListTest(parameterized.TestCase, tf.test.TestCase):
                      device_check.check_device_list(
                          ['/cpu:1', '/job:localhost/cpu:0']))
 
-  @parameterized.parameters(('/cpu:1', _CPU1), ('/gpu:0', 'GPU:0'),
+  @parameterized.parameters(('/cpu:1', _LOCALHOST_CPU1), ('/gpu:0', 'GPU:0'),
                             ('/device:TPU:0', '/job:localhost/device:TPU:0'))
   def test_duplicates_in_any_spelling(self, first, second):
     with self.assertRaisesRegex(errors.InvalidArgumentError,
-                                'listed twice.*both are /job:localhost'):
+                                'listed twice.*both are /replica:0/task:0/'):
       device_check.check_device_list([first, second])
 
   def test_bad_lists(self):
@@ -87,7 +92,7 @@ class SessionDevicesTest(tf.test.TestCase):
     for config in (None, tf1.ConfigProto()):
       with self.assertRaisesRegex(
           errors.InvalidArgumentError,
-          r'Device /job:localhost/replica:0/task:0/device:CPU:1 does not '
+          r'Device /replica:0/task:0/device:CPU:1 does not '
           r'exist: the session has 1 CPU device\(s\), and session_config '
           r'does not allow soft placement.*The session\'s devices are '
           r'CPU:0.*device_count=\{"CPU": 2\}.*allow_soft_placement=True'):

@@ -11,20 +11,22 @@ from replicate.core import device_util
 from replicate.core import reduce_util
 from replicate.cross_tower import values
 
-_CPU0 = '/job:localhost/replica:0/task:0/device:CPU:0'
-_CPU1 = '/job:localhost/replica:0/task:0/device:CPU:1'
+# TF's graph-mode canonical form: no job (`/job:localhost` is this process).
+_CPU0 = '/replica:0/task:0/device:CPU:0'
+_CPU1 = '/replica:0/task:0/device:CPU:1'
 
 
 class DeviceUtilTest(parameterized.TestCase, tf.test.TestCase):
 
   @parameterized.parameters('/cpu:0', '/device:CPU:0', 'CPU:0', 'cpu:0', '',
-                            _CPU0, '/job:localhost/device:CPU:0')
+                            _CPU0, '/job:localhost/device:CPU:0',
+                            '/job:localhost/replica:0/task:0/device:CPU:0')
   def test_spellings_of_cpu0(self, spelling):
     self.assertEqual(device_util.canonicalize(spelling), _CPU0)
 
   def test_gpu_and_worker(self):
     self.assertEqual(device_util.canonicalize('/gpu:1'),
-                     '/job:localhost/replica:0/task:0/device:GPU:1')
+                     '/replica:0/task:0/device:GPU:1')
     self.assertEqual(device_util.canonicalize('/job:worker/task:1'),
                      '/job:worker/replica:0/task:1/device:CPU:0')
 
@@ -41,6 +43,8 @@ class DeviceUtilTest(parameterized.TestCase, tf.test.TestCase):
   def test_worker_and_type(self):
     self.assertEqual(device_util.worker_of('/job:worker/task:2/gpu:1'),
                      '/job:worker/replica:0/task:2')
+    self.assertEqual(device_util.worker_of('/job:localhost/cpu:1'),
+                     '/replica:0/task:0')
     self.assertEqual(device_util.device_type_of('/gpu:1'), 'GPU')
     self.assertIsNone(device_util.resolve(''))
     self.assertEqual(device_util.resolve('/cpu:1'), _CPU1)
@@ -186,9 +190,9 @@ class ValuesTest(tf.test.TestCase):
 
   def test_destination_strings_take_the_device_scope(self):
     # Between-graph code builds in its worker's scope and names '/cpu:0':
-    # as contrib's device_util.resolve, the string takes the scope's job and
-    # task (a destination on /job:localhost does not exist in a cluster
-    # session); a full spelling keeps its own; outside a scope, local.
+    # as contrib's device_util.resolve, the string takes what it leaves out
+    # (job, task) from the scope; the parts it gives are its own; outside a
+    # scope, it is this process's device (no job, TF's graph-mode form).
     worker1 = '/job:worker/replica:0/task:1'
     worker0_cpu0 = '/job:worker/replica:0/task:0/device:CPU:0'
     with tf.Graph().as_default():
@@ -199,6 +203,11 @@ class ValuesTest(tf.test.TestCase):
         self.assertEqual(
             values.get_devices_from([worker0_cpu0, '/cpu:1', 'CPU:1']),
             (worker0_cpu0, worker1 + '/device:CPU:1'))
+        # A job without a task takes the scope's task (1), as contrib's.
+        self.assertEqual(values.get_devices_from('/job:worker/cpu:2'),
+                         (worker1 + '/device:CPU:2',))
+        self.assertEqual(values.get_devices_from(_CPU1),
+                         ('/job:worker' + _CPU1,))
       with tf.device(worker0_cpu0):
         a = tf.constant([1., 2.])
       with tf.device(worker1 + '/device:CPU:0'):

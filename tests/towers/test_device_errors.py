@@ -194,7 +194,7 @@ class DuplicateDeviceTest(parameterized.TestCase, tf.test.TestCase):
                  replicate.MirroredStrategy):
       with self.assertRaisesRegex(
           errors.InvalidArgumentError,
-          r'is listed twice.*both are /job:localhost/replica:0/task:0/'
+          r'is listed twice.*both are /replica:0/task:0/'
           r'device:.*name the same device more than once'):
         make(['/cpu:2', first, second])
 

@@ -40,10 +40,11 @@ class DeviceQueriesInTowersTest(tf.test.TestCase):
           {'x': tf.constant(features['x'])}, tf.constant(labels), mt.TRAIN,
           None)
       scale, destinations = seen[0]
-      # A string without a job is this machine's device inside a tower.
+      # A string without a job is this process's device inside a tower
+      # (no job, TF's graph-mode canonical form).
       self.assertEqual(destinations,
-                       ('/job:localhost/replica:0/task:0/device:CPU:1',
-                        '/job:localhost/replica:0/task:0/device:CPU:0'))
+                       ('/replica:0/task:0/device:CPU:1',
+                        '/replica:0/task:0/device:CPU:0'))
       with tf1.Session(config=tf1.ConfigProto(device_count={'CPU': 2})) as sess:
         self.assertEqual(sess.run(scale), 2.)
 
