@@ -56,8 +56,9 @@ class BatchAllReduceBase(CrossTowerOps):
 
   Values that are dense, and whose destinations are exactly their own
   devices (the same devices for every value), are all-reduced together by
-  `_all_reduce_device_grads`; all others go to reduction to one device, with
-  one warning per call that says why.
+  `_all_reduce_device_grads`; all others go, in one batch, to reduction to
+  one device (which packs them as its own `batch_reduce` does), with one
+  warning per call that says why.
   """
 
   def __init__(self, tuning=None):
@@ -94,9 +95,10 @@ class BatchAllReduceBase(CrossTowerOps):
           '%s: %d of %d values are reduced to one device instead of '
           'all-reduced: %s.', type(self).__name__, len(slow),
           len(value_destination_pairs), '; '.join(reasons))
-      for i in slow:
-        results[i] = self._fallback._reduce(  # pylint: disable=protected-access
-            reduce_op, *value_destination_pairs[i])
+      reduced = self._fallback._batch_reduce(  # pylint: disable=protected-access
+          reduce_op, [value_destination_pairs[i] for i in slow])
+      for i, result in zip(slow, reduced):
+        results[i] = result
     if fast:
       tensors = [[placed_on(value_destination_pairs[i][0].get(d), d)
                   for i in fast] for d in devices]

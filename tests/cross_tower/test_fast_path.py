@@ -18,11 +18,11 @@ def _session():
   return tf1.Session(config=testing.virtual_cpu_config(4))
 
 
-def _per_device(base, shape=(3,), depth=0):
-  """Device i holds base + 10 ** i * [1, 2, ...], after `depth` Identity
-  ops (ready later in the graph)."""
+def _per_device(base, shape=(3,), depth=0, devices=_DEVICES):
+  """Device i of `devices` holds base + 10 ** i * [1, 2, ...], after `depth`
+  Identity ops (ready later in the graph)."""
   index = {}
-  for i, device in enumerate(_DEVICES):
+  for i, device in enumerate(devices):
     with tf.device(device):
       t = tf.constant(base + 10. ** i * np.arange(
           1, np.prod(shape) + 1, dtype=np.float32).reshape(shape))
@@ -113,6 +113,130 @@ class FastPathTest(tf.test.TestCase):
           per_device[0].shape)
       for g in per_device:
         self.assertAllEqual(want, g)
+
+
+class FastPathFallbackTest(tf.test.TestCase):
+  """Fallbacks: values on other sets of devices, shapes not fully defined
+  under packing knobs, the destinations' order, the warning's reasons."""
+
+
+  def test_values_on_other_devices_than_the_first_fall_back(self):
+    # Value 0 on 4 devices, value 1 on the first 2, each reduced onto its own
+    # devices: value 0 is all-reduced, value 1 (not on the batch's devices)
+    # reduced to one device, with one warning.
+    with tf.Graph().as_default():
+      four = _per_device(0.)
+      two = _per_device(100., devices=_DEVICES[:2])
+      ops = replicate.AllReduceCrossTowerOps('hierarchical_copy', num_packs=0)
+      with self.assertLogs('tensorflow', level='WARNING') as logs:
+        results = ops.batch_reduce(ReduceOp.MEAN, [(four, four), (two, two)])
+      self.assertLen(logs.records, 1)
+      self.assertRegex(logs.output[0], '1 of 2 values are reduced to one '
+                       'device instead of all-reduced: values live on '
+                       'different sets of devices')
+      self.assertEqual(tuple(_CANONICAL), results[0].devices)
+      self.assertEqual(tuple(_CANONICAL[:2]), results[1].devices)
+      with _session() as sess:
+        got = sess.run([r.values for r in results])
+    # Value 0: (1 + 10 + 100 + 1000) / 4 * [1, 2, 3] = 277.75 * [1, 2, 3].
+    for g in got[0]:
+      self.assertAllEqual(277.75 * np.array([1., 2., 3.]), g)
+    # Value 1: (200 + 11 * [1, 2, 3]) / 2 = 100 + 5.5 * [1, 2, 3].
+    for g in got[1]:
+      self.assertAllEqual(100. + 5.5 * np.array([1., 2., 3.]), g)
+
+  def test_shapes_not_fully_defined_are_all_reduced_unpacked(self):
+    # num_packs=1 concatenates; a value of shape [None] on each device cannot
+    # be, so the batch is all-reduced value by value, with a warning.
+    with tf.Graph().as_default():
+      known = _per_device(0., devices=_DEVICES[:2])
+      index = {}
+      for i, d in enumerate(_DEVICES[:2]):
+        with tf.device(d):
+          index[d] = tf1.placeholder_with_default(
+              np.array([1., 2.], np.float32) * (i + 1), shape=[None])
+      unknown = values.PerDevice(index)
+      ops = replicate.AllReduceCrossTowerOps('hierarchical_copy', num_packs=1)
+      with self.assertLogs('tensorflow', level='WARNING') as logs:
+        results = ops.batch_reduce(ReduceOp.SUM,
+                                   [(known, known), (unknown, unknown)])
+      self.assertRegex(logs.output[0], 'not repacked because some shapes are '
+                       'not fully defined')
+      with _session() as sess:
+        got = sess.run([r.values for r in results])
+    for g in got[0]:
+      self.assertAllEqual(11. * np.array([1., 2., 3.]), g)  # 1 + 10
+    for g in got[1]:
+      self.assertAllEqual([3., 6.], g)  # [1, 2] + 2 * [1, 2]
+
+  def test_results_follow_the_order_of_the_destinations(self):
+    # Values on /cpu:0, /cpu:1 reduced onto /cpu:1, /cpu:0 (the same set,
+    # so all-reduced): the result lists its devices in the destinations'
+    # order, as reduction to one device does, each value on its device.
+    with tf.Graph().as_default():
+      value = _per_device(0., devices=_DEVICES[:2])
+      destinations = [_DEVICES[1], _DEVICES[0]]
+      result = replicate.AllReduceCrossTowerOps(
+          'hierarchical_copy', num_packs=0).reduce(ReduceOp.SUM, value,
+                                                   destinations)
+      one_device = replicate.ReductionToOneDeviceCrossTowerOps().reduce(
+          ReduceOp.SUM, value, destinations)
+      self.assertEqual((_CANONICAL[1], _CANONICAL[0]), result.devices)
+      self.assertEqual(one_device.devices, result.devices)
+      for d, t in zip(result.devices, result.values):
+        self.assertEqual(d, device_util.canonicalize(t.device))
+      with _session() as sess:
+        got = sess.run(result.values)
+    for g in got:
+      self.assertAllEqual(11. * np.array([1., 2., 3.]), g)  # 1 + 10
+
+  def test_the_warning_names_each_reason_once(self):
+    # Values 0 and 3 sparse, value 2 reduced onto /cpu:3: one warning naming
+    # the two reasons once each, in the order first met.
+    with tf.Graph().as_default():
+      dense = [_per_device(100. * k, devices=_DEVICES[:2]) for k in range(2)]
+      sparse = []
+      for k in range(2):
+        index = {}
+        for i, d in enumerate(_DEVICES[:2]):
+          with tf.device(d):
+            index[d] = tf.IndexedSlices(tf.constant([[float(i + k)]]),
+                                        tf.constant([i]), tf.constant([2, 1]))
+        sparse.append(values.PerDevice(index))
+      ops = replicate.AllReduceCrossTowerOps('hierarchical_copy', num_packs=0)
+      with self.assertLogs('tensorflow', level='WARNING') as logs:
+        ops.batch_reduce(ReduceOp.SUM, [
+            (sparse[0], sparse[0]), (dense[0], dense[0]),
+            (dense[1], '/cpu:3'), (sparse[1], sparse[1])])
+    self.assertLen(logs.records, 1)
+    message = logs.records[0].getMessage()
+    self.assertIn(
+        '3 of 4 values are reduced to one device instead of all-reduced: '
+        'IndexedSlices are not all-reduced; destinations differ from the '
+        'devices of the values.', message)
+    self.assertEqual(1, message.count('IndexedSlices'))
+
+  def test_fallback_values_are_packed_as_reduction_to_one_device_packs(self):
+    # 20 small values on /cpu:0 and /cpu:1, all reduced onto /cpu:3: none
+    # can be all-reduced, so they go to reduction to one device in one
+    # batch, which packs them (one AddN), exactly as its own batch_reduce.
+    def reduce(make_ops):
+      with tf.Graph().as_default() as graph:
+        pairs = [(_per_device(10. * k, devices=_DEVICES[:2]), '/cpu:3')
+                 for k in range(20)]
+        results = make_ops().batch_reduce(ReduceOp.SUM, pairs)
+        adds = _adds(graph)
+        with _session() as sess:
+          return adds, sess.run([r.values[0] for r in results])
+    all_reduce = reduce(lambda: replicate.AllReduceCrossTowerOps(
+        'hierarchical_copy', num_packs=0))
+    one_device = reduce(replicate.ReductionToOneDeviceCrossTowerOps)
+    self.assertEqual([_CANONICAL[3]], all_reduce[0])
+    self.assertEqual(one_device[0], all_reduce[0])
+    for k, got in enumerate(all_reduce[1]):
+      # Value k: 2 * 10 k + (1 + 10) * [1, 2, 3].
+      self.assertAllEqual(20. * k + 11. * np.array([1., 2., 3.]), got)
+      self.assertAllEqual(one_device[1][k], got)
 
 
 if __name__ == '__main__':
