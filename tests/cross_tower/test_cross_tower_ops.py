@@ -1,5 +1,6 @@
 """Tests for the CrossTowerOps API, reduction to one device and all-reduce."""
 import unittest
+from unittest import mock
 
 from absl.testing import parameterized
 import ctops_testlib as lib
@@ -506,6 +507,40 @@ class ChooseTheBestTest(tf.test.TestCase):
     self.assertFalse(cross_tower_ops.has_dgx1_like_links(broken))
     full = [[j for j in range(8) if j != i] for i in range(8)]
     self.assertTrue(cross_tower_ops.has_dgx1_like_links(full))
+
+  def test_a_visible_cpu_among_the_devices_reduces_to_one_device(self):
+    # GPU 0 and CPU 0, both visible: not all GPUs, so reduction to one
+    # device (NCCL would refuse the CPU).
+    devices = [device_util.canonicalize(d) for d in ('/gpu:0', '/cpu:0')]
+    chosen = cross_tower_ops.choose_for(devices, _local_gpus([[]]))
+    self.assertIsInstance(chosen, replicate.ReductionToOneDeviceCrossTowerOps)
+
+  def test_topology_does_not_depend_on_the_listing_order(self):
+    # The same DGX-1, its devices listed from GPU 7 down to GPU 0 (and the
+    # CPU first): still hierarchical copy, links read by device index.
+    gpus8 = [device_util.canonicalize('/gpu:%d' % i) for i in range(8)]
+    local = list(reversed(_local_gpus(_DGX1_LINKS)))
+    chosen = cross_tower_ops.choose_for(gpus8, local)
+    self.assertEqual(cross_tower_ops.AllReduceAlgorithm.HIERARCHICAL_COPY,
+                     chosen.all_reduce_alg)
+
+  def test_all_reduce_choices_keep_the_tuning(self):
+    tuning = replicate.Tuning(pack_max_bytes=0)
+    gpus8 = [device_util.canonicalize('/gpu:%d' % i) for i in range(8)]
+    # Hierarchical copy (all 8 GPUs of a DGX-1) and NCCL (2 of them).
+    for devices in (gpus8, gpus8[:2]):
+      chosen = cross_tower_ops.choose_for(devices, _local_gpus(_DGX1_LINKS),
+                                          tuning)
+      self.assertIsInstance(chosen, replicate.AllReduceCrossTowerOps)
+      self.assertIs(tuning, chosen.tuning)
+
+  def test_cpus_are_chosen_for_without_listing_the_local_devices(self):
+    # Listing the local devices creates every GPU's device (and its memory
+    # pool); a request for CPUs alone does not need it.
+    with mock.patch.object(_compat, 'local_device_attributes',
+                           side_effect=AssertionError('listed devices')):
+      chosen = replicate.choose_the_best(['/cpu:0', '/cpu:1'])
+    self.assertIsInstance(chosen, replicate.ReductionToOneDeviceCrossTowerOps)
 
   def test_errors(self):
     with self.assertRaisesRegex(errors.InvalidArgumentError,
