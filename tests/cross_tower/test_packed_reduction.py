@@ -301,5 +301,85 @@ class PackedPlacementTest(tf.test.TestCase):
       self.assertAllEqual(np.full((4, 4), 20. * k + 1.), g)
 
 
+class NotPackedTest(tf.test.TestCase):
+  """What batch_reduce must not pack (values on one device, values with an
+  IndexedSlices entry of known shape), and the Tuning field that bounds a
+  pack of small values."""
+
+  def test_values_on_one_device_are_not_packed(self):
+    # Three [2, 2] values, each on /cpu:0 only, reduced onto /cpu:1: nothing
+    # to sum, so nothing is concatenated or split; each value arrives as it
+    # is (value k: 10 k + [[0, 1], [2, 3]]).
+    graph = tf.Graph()
+    with graph.as_default():
+      pairs = []
+      for k in range(3):
+        with tf.device(_DEVICES[0]):
+          t = tf.constant(10. * k + np.arange(4, dtype=np.float32)
+                          .reshape(2, 2))
+        pairs.append((values.PerDevice({_DEVICES[0]: t}), ['/cpu:1']))
+      results = replicate.ReductionToOneDeviceCrossTowerOps().batch_reduce(
+          ReduceOp.SUM, pairs)
+      self.assertEqual(0, _count(graph, 'ConcatV2'))
+      self.assertEqual(0, _count(graph, 'SplitV'))
+      with _session() as sess:
+        got = sess.run([r.values[0] for r in results])
+    for k, g in enumerate(got):
+      self.assertAllEqual(10. * k + np.arange(4.).reshape(2, 2), g)
+
+  def test_values_with_a_sparse_entry_of_known_shape_stay_sparse(self):
+    # Two values, each dense [3, 2] on /cpu:0 and IndexedSlices of dense
+    # shape [3, 2] (a constant: fully known statically) on /cpu:1. Mixed
+    # dense and sparse values reduce to IndexedSlices, never packed:
+    # value k, row r of the dense part: 10 k + r; sparse part: row 1 holds
+    # [5, 5] + k. Sum: rows [10 k, 10 k], [10 k + 6 + k] * 2, [10 k + 2] * 2.
+    with tf.Graph().as_default():
+      pairs = []
+      for k in range(2):
+        with tf.device(_DEVICES[0]):
+          dense = tf.constant(
+              10. * k + np.repeat(np.arange(3., dtype=np.float32), 2)
+              .reshape(3, 2))
+        with tf.device(_DEVICES[1]):
+          sparse = tf.IndexedSlices(tf.constant([[5. + k, 5. + k]]),
+                                    tf.constant([1]), tf.constant([3, 2]))
+        # TF 2: sparse.shape is [3, 2], fully known (TF 1.15 has no .shape).
+        pairs.append((values.PerDevice({_DEVICES[0]: dense,
+                                        _DEVICES[1]: sparse}), ['/cpu:2']))
+      results = replicate.ReductionToOneDeviceCrossTowerOps().batch_reduce(
+          ReduceOp.SUM, pairs)
+      for r in results:
+        self.assertIsInstance(r.values[0], tf.IndexedSlices)
+      with _session() as sess:
+        got = sess.run([tf.convert_to_tensor(r.values[0]) for r in results])
+    for k, g in enumerate(got):
+      self.assertAllEqual([[10. * k] * 2, [11. * k + 6.] * 2,
+                           [10. * k + 2.] * 2], g)
+
+  def test_small_values_fill_a_pack_up_to_pack_small_bytes(self):
+    # Six [4, 4] float32 values (64 bytes each) on /cpu:0 and /cpu:1;
+    # pack_max_bytes=64 lets each be packed, pack_max_group=2 would cap a
+    # pack at 2 values, but the six hold 384 bytes <= pack_small_bytes=1024:
+    # one pack, so one add_n (a cap of 64 bytes there would give 3 packs).
+    graph = tf.Graph()
+    with graph.as_default(), tuning.tuning_scope(tuning.Tuning(
+        pack_max_bytes=64, pack_max_group=2, pack_small_bytes=1024)):
+      pairs = []
+      for k in range(6):
+        index = {}
+        for i, d in enumerate(_DEVICES[:2]):
+          with tf.device(d):
+            index[d] = tf.constant(np.full((4, 4), 10. * k + i, np.float32))
+        pairs.append((values.PerDevice(index), ['/cpu:2']))
+      results = replicate.ReductionToOneDeviceCrossTowerOps().batch_reduce(
+          ReduceOp.SUM, pairs)
+      self.assertEqual(1, _count(graph, 'AddN'))
+      self.assertEqual(2, _count(graph, 'ConcatV2'))
+      with _session() as sess:
+        got = sess.run([r.values[0] for r in results])
+    for k, g in enumerate(got):
+      self.assertAllEqual(np.full((4, 4), 20. * k + 1.), g)  # 10k + 10k + 1
+
+
 if __name__ == '__main__':
   tf.test.main()
