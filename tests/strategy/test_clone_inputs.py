@@ -181,5 +181,45 @@ class CloneInputsTest(tf.test.TestCase, parameterized.TestCase):
                        [op.name for op in out.op.control_inputs])
 
 
+class CloneReplicaLoopTest(tf.test.TestCase):
+  """CLONE with one device, and the copies' UPDATE_OPS (replica_loop.py)."""
+
+  def test_clone_with_one_device_copies_nothing_and_refuses_nothing(self):
+    # With one device there is no replica to copy: CLONE builds the one
+    # replica by its call, so asking the replica id (which a copied run
+    # refuses) is fine and gives 0: 5 + 0 = 5.
+    with tf.Graph().as_default():
+      strategy = replicate.MirroredStrategy(DEVICES[:1], replica_build=CLONE)
+
+      def fn():
+        context = replicate.get_replica_context()
+        return tf.constant(5.0) + float(context.replica_id_in_sync_group)
+      result = strategy.run(fn)
+      with tf1.Session(config=CONFIG) as sess:
+        self.assertAllEqual([5.0], sess.run(list(
+            strategy.experimental_local_results(result))))
+
+  def test_clone_adds_each_replicas_update_ops(self):
+    # Replica i (x = i + 1) adds 10 x to UPDATE_OPS, as a batch
+    # normalization adds its moving-statistics updates. Called per replica
+    # there are two entries, [10, 20]; copied, replica 1's copy of replica
+    # 0's entry must be added too, reading its own x.
+    def fn(x):
+      update = tf.multiply(x, 10.0, name='update')
+      tf1.add_to_collection(tf1.GraphKeys.UPDATE_OPS, update)
+      return x
+
+    for build in (replicate.ReplicaBuild.CALL_PER_REPLICA, CLONE):
+      with tf.Graph().as_default():
+        strategy = replicate.MirroredStrategy(DEVICES, replica_build=build)
+        strategy.run(fn, args=(_per_replica(tf.constant(1.0),
+                                            tf.constant(2.0)),))
+        updates = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)
+        self.assertLen(updates, NUM, build)
+        with tf1.Session(config=CONFIG) as sess:
+          self.assertAllEqual([10.0, 20.0], sorted(sess.run(updates)),
+                              msg=build)
+
+
 if __name__ == '__main__':
   tf.test.main()
