@@ -295,6 +295,27 @@ class AggregatedAssignTest(parameterized.TestCase, tf.test.TestCase):
       strategy.experimental_run_v2(
           lambda: total.assign_add(np.zeros_like(value)))
 
+  def test_the_same_python_zero_is_summed(self):
+    # Every replica passes the Python float 0.0 (one value to the merge, not
+    # per-replica; np.zeros_like above becomes per-replica): 4 x 0 = 0, so
+    # TF allows it. assign_add(0.0) keeps 3.0 on every copy; assign(0.0)
+    # then sets every copy to 0.
+    strategy = _strategy()
+    with tf.Graph().as_default():
+      with strategy.scope():
+        total = tf1.get_variable('total', [], aggregation=AGG.SUM,
+                                 initializer=tf1.constant_initializer(3.0))
+      added = strategy.experimental_run_v2(lambda: total.assign_add(0.0))
+      with tf.control_dependencies(strategy.experimental_local_results(
+          added)):
+        after_add = [tf.identity(c) for c in total.values]
+      assigned = strategy.experimental_run_v2(lambda: total.assign(0.0))
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run(tf1.global_variables_initializer())
+        self.assertAllEqual([3.0] * NUM, sess.run(after_add))
+        sess.run(strategy.unwrap(assigned))
+        self.assertAllEqual([0.0] * NUM, sess.run(list(total.values)))
+
   def test_metrics_inside_replicas_still_raise(self):
     # tf.compat.v1.metrics combine through tf.distribute's own replica
     # context: their variables stay mirrored and refuse replica updates.
