@@ -237,5 +237,144 @@ class NcclGraphTest(parameterized.TestCase, tf.test.TestCase):
       self.assertAllClose(g, np.sum(arrays, axis=0))
 
 
+def _on(devices, dtypes=None, shape=(2,)):
+  tensors = []
+  for i, d in enumerate(devices):
+    dtype = dtypes[i] if dtypes else tf.float32
+    with tf.device(d):
+      tensors.append(tf.constant(np.full(shape, i + 1.), dtype=dtype))
+  return tensors
+
+
+def _ancestors(tensor):
+  """Every op `tensor` waits for, through data and control inputs."""
+  seen, stack = set(), [tensor.op]
+  while stack:
+    op = stack.pop()
+    for parent in [i.op for i in op.inputs] + list(op.control_inputs):
+      if parent not in seen:
+        seen.add(parent)
+        stack.append(parent)
+  return seen
+
+
+class BuilderErrorsTest(tf.test.TestCase):
+  """The errors the builders promise, before any op is built."""
+
+  def test_mismatched_dtypes_are_refused_by_name(self):
+    # Same shape (2,), float32 on /cpu:0 and float64 on /cpu:1: the builders'
+    # own error, naming both dtypes, before any op is built.
+    with tf.Graph().as_default():
+      tensors = _on(_CPUS[:2], [tf.float32, tf.float64])
+      for build in (algorithms.build_hierarchical_copy_all_reduce,
+                    algorithms.build_ring_all_reduce,
+                    algorithms.build_nccl_all_reduce):
+        with self.assertRaisesRegex(
+            errors.InvalidArgumentError,
+            r'share one shape and dtype; got \(2,\) float32 and \(2,\) '
+            r'float64'):
+          build(tensors)
+
+  def test_recursive_hd_refuses_six_devices(self):
+    # 6 is even but not a power of two (6 & 5 = 4): the promised error, not
+    # an IndexError from the partner arithmetic (i ^ 3 = 7 for i = 4).
+    with tf.Graph().as_default():
+      tensors = _on(['/cpu:%d' % i for i in range(6)])
+      with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                  'power-of-two number of devices, got 6'):
+        algorithms.build_recursive_hd_all_reduce(tensors)
+
+  def test_shuffle_then_shuffle_refuses_extra_first_gather_devices(self):
+    # Two workers, three first-level gather devices: an error, not the third
+    # device silently dropped.
+    with tf.Graph().as_default():
+      tensors = _on(['/job:worker/task:%d/device:CPU:%d' % (w, c)
+                     for w in range(2) for c in range(2)])
+      cpus = ['/job:worker/task:%d/device:CPU:0' % w for w in range(3)]
+      with self.assertRaisesRegex(errors.InvalidArgumentError,
+                                  'one first-level gather device per worker: '
+                                  '2 workers, 3 devices'):
+        algorithms.build_shuffle_then_shuffle(tensors, cpus, cpus[:2])
+
+
+class UnplacedInputsTest(tf.test.TestCase):
+
+  def test_ops_of_unplaced_inputs_are_colocated_with_them(self):
+    # Inputs built outside any device scope: each output is colocated with
+    # its own input (the builders' documented fallback), and still sums:
+    # 1 + 2 + 3 = 6 in every element.
+    with tf.Graph().as_default():
+      tensors = [tf.constant(np.full((5,), i + 1., np.float32), name='in%d' % i)
+                 for i in range(3)]
+      outputs = algorithms.build_ring_all_reduce(tensors)
+      for t, out in zip(tensors, outputs):
+        self.assertEqual(t.op.colocation_groups(), out.op.colocation_groups())
+      with tf1.Session(config=testing.virtual_cpu_config(4)) as sess:
+        got = sess.run(outputs)
+    for g in got:
+      self.assertAllEqual(np.full((5,), 6.), g)
+
+
+class ShuffleThenShuffleTest(tf.test.TestCase):
+
+  def test_each_worker_sums_on_its_first_gather_device(self):
+    # 2 workers x 2 CPUs (graph only: /job:worker devices), first-level
+    # gather devices CPU:1 of each worker, second level CPU:0: each worker's
+    # own tensors are added on its CPU:1.
+    with tf.Graph().as_default() as graph:
+      tensors = _on(['/job:worker/task:%d/device:CPU:%d' % (w, c)
+                     for w in range(2) for c in range(2)])
+      first = ['/job:worker/task:%d/device:CPU:1' % w for w in range(2)]
+      second = ['/job:worker/task:%d/device:CPU:0' % w for w in range(2)]
+      algorithms.build_shuffle_then_shuffle(tensors, first, second)
+      inputs = {t.op for t in tensors}
+      first_level = [op for op in graph.get_operations()
+                     if op.type in ('Add', 'AddV2') and
+                     all(i.op in inputs for i in op.inputs)]
+    self.assertLen(first_level, 2)
+    self.assertEqual(
+        sorted(device_util.canonicalize(d) for d in first),
+        sorted(device_util.canonicalize(op.device) for op in first_level))
+    for op in first_level:
+      # Both inputs come from the worker the add runs on.
+      worker = device_util.worker_of(op.device)
+      for i in op.inputs:
+        self.assertEqual(worker, device_util.worker_of(i.device))
+
+
+class NcclHybridWaitsTest(parameterized.TestCase, tf.test.TestCase):
+
+  @parameterized.named_parameters(
+      ('ring', lambda ts: algorithms.build_nccl_then_ring(ts)),
+      ('rechd', lambda ts: algorithms.build_nccl_then_recursive_hd(ts)),
+      ('shuffle', lambda ts: algorithms.build_nccl_then_shuffle(
+          ts, ['/job:worker/task:0/cpu:0', '/job:worker/task:1/cpu:0'])))
+  def test_each_output_waits_for_every_nccl_op_of_its_worker(self, build):
+    # 2 workers x 3 GPUs. Only GPU 0's NCCL sum feeds the cross-worker
+    # level, so GPUs 1 and 2 of a worker must wait for the NCCL ops of the
+    # others explicitly, or fetching one of them leaves its collective
+    # members unrun (a hang).
+    with tf.Graph().as_default() as graph:
+      tensors = _gpu_inputs(2, 3)
+      outputs = build(tensors)
+      nccl = [op for op in graph.get_operations()
+              if op.type == 'NcclAllReduce']
+    self.assertLen(nccl, 6)
+    for i, out in enumerate(outputs):
+      worker = '/job:worker/task:%d/' % (i // 3)
+      own = {op for op in nccl if op.device.startswith(worker)}
+      self.assertLen(own, 3)
+      self.assertContainsSubset(own, _ancestors(out))
+
+  def test_nccl_then_ring_runs_its_ring_in_subchunks(self):
+    # 2 workers x 2 GPUs, num_subchunks=3: the cross-worker ring splits each
+    # worker's sum into 2 devices x 3 subchunks = 6 chunks.
+    with tf.Graph().as_default() as graph:
+      algorithms.build_nccl_then_ring(_gpu_inputs(2, 2), num_subchunks=3)
+      splits = [op.get_attr('num_split') for op in graph.get_operations()
+                if op.type == 'Split']
+    self.assertEqual([6, 6], splits)
+
+
 if __name__ == '__main__':
   tf.test.main()
