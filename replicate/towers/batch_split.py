@@ -196,7 +196,11 @@ def _lists_as_tensors(nest):
   """`nest` with each list or tuple of Python values only (`[[1.], [2.]]`)
   made the tensor TF makes of it where `model_fn` reads it, so that its rows
   are split. `tf.nest` would take each number for a scalar, given whole to
-  every tower: the towers would read the batch N times."""
+  every tower: the towers would read the batch N times. A
+  `tf.compat.v1.SparseTensorValue` (a namedtuple) is made a SparseTensor
+  first, or its indices, values and shape would be split as three values."""
+  if isinstance(nest, tf1.SparseTensorValue):
+    return tf1.SparseTensor.from_value(nest)
   if isinstance(nest, dict):
     converted = copy.copy(nest)
     converted.update((key, _lists_as_tensors(value))
@@ -217,8 +221,8 @@ _PYTHON_VALUES = (numbers.Number, str, bytes, np.generic)
 
 
 def _converted(value, name):
-  if isinstance(value, (tf1.SparseTensor, tf1.SparseTensorValue)):
-    return tf1.SparseTensor.from_value(value)
+  if isinstance(value, tf1.SparseTensor):
+    return value
   if isinstance(value, tf.RaggedTensor):
     raise errors.InvalidTypeError(
         '{} is a tf.RaggedTensor; features and labels are split as Tensors '

@@ -3,6 +3,7 @@ import collections
 import tempfile
 
 from absl.testing import parameterized
+import numpy as np
 import tensorflow as tf
 
 import replicate
@@ -57,6 +58,26 @@ class SplitBatchTest(tf.test.TestCase):
     self.assertEqual([2, 1], rows)
     self.assertAllEqual([[1, 0], [0, 0]], dense[0])
     self.assertAllEqual([[0, 2]], dense[1])
+
+  def test_sparse_tensor_values_split_as_sparse_tensors(self):
+    # A SparseTensorValue (a namedtuple) of 3 rows, of NumPy arrays or of
+    # Python lists: split by rows as the SparseTensor it stands for (rows
+    # 0-1, then row 2), not as its indices, values and shape.
+    for make in (np.array, list):
+      with tf.Graph().as_default():
+        value = tf1.SparseTensorValue(
+            indices=make([[0, 0], [2, 1]]), values=make([1, 2]),
+            dense_shape=make([3, 2]))
+        split = batch_split.split_batch({'s': value, 'x': tf.zeros([3])},
+                                        None, 2, '/cpu:0')
+        for shard in split.feature_shards:
+          self.assertIsInstance(shard['s'], tf1.SparseTensor)
+        dense, rows = self._run(
+            [[tf1.sparse.to_dense(s['s']) for s in split.feature_shards],
+             split.rows])
+      self.assertEqual([2, 1], rows)
+      self.assertAllEqual([[1, 0], [0, 0]], dense[0])
+      self.assertAllEqual([[0, 2]], dense[1])
 
   def test_even_static_batch_counts_no_rows(self):
     with tf.Graph().as_default():
