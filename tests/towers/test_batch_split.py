@@ -79,6 +79,25 @@ class SplitBatchTest(tf.test.TestCase):
       self.assertAllEqual([[1, 0], [0, 0]], dense[0])
       self.assertAllEqual([[0, 2]], dense[1])
 
+  def test_empty_list_feature_is_no_value_to_split(self):
+    # An empty list or tuple in the features is an empty nest (no leaves),
+    # as tf.nest sees it: every tower gets it as it is, and the batch is
+    # x's 3 rows, split [2, 1]. Made a tensor, it would be a float32 [0]
+    # value whose 0 rows differ from the batch's 3 (refused).
+    with tf.Graph().as_default():
+      split = batch_split.split_batch(
+          {'x': tf.constant([[1.], [2.], [3.]]), 'empty': [], 'none': ()},
+          [], 2, '/cpu:0')
+      self.assertEqual([], split.feature_shards[0]['empty'])
+      self.assertEqual((), split.feature_shards[1]['none'])
+      self.assertEqual([[], []], split.label_shards)
+      with tf1.Session() as sess:
+        x, rows = sess.run([[s['x'] for s in split.feature_shards],
+                            split.rows])
+    self.assertAllEqual([[1.], [2.]], x[0])
+    self.assertAllEqual([[3.]], x[1])
+    self.assertEqual([2, 1], rows)
+
   def test_even_static_batch_counts_no_rows(self):
     with tf.Graph().as_default():
       split = batch_split.split_batch(tf.zeros([4, 2]), tf.zeros([4]), 2,
