@@ -221,5 +221,95 @@ class CloneReplicaLoopTest(tf.test.TestCase):
                               msg=build)
 
 
+def _fn_of_shape(calls):
+  def fn(x):
+    calls.append(1)
+    # Replica 0's static shape baked in: its rows, times its columns.
+    rows, columns = x.shape.as_list()
+    return tf.reduce_sum(x) * float(rows * columns)
+  return fn
+
+
+class CloneInputShapesTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ('rows', [[1., 2.]], [[1., 2.], [3., 4.]]),
+      ('columns', [[1., 2.]], [[1., 2., 3.]]))
+  def test_inputs_of_another_static_shape_are_refused(self, first, second):
+    calls = []
+    with tf.Graph().as_default():
+      strategy = replicate.MirroredStrategy(
+          DEVICES, replica_build=replicate.ReplicaBuild.CLONE)
+      x = _per_replica(tf.constant(first), tf.constant(second))
+      with self.assertRaisesRegex(
+          errors.InvalidArgumentError,
+          # The whole sentence: the reason, what copies must equal, the fix.
+          r'copies replica 0 onto the other replicas, but the input tensors '
+          r'differ in shape or dtype between devices \(.*\): copies cannot '
+          r'be shown to do what calling the replica function once per '
+          r'replica does\. Remove that reason, or pass replica_build='
+          r'replicate\.ReplicaBuild\.CALL_PER_REPLICA \(the default\) to '
+          r'MirroredStrategy\.'):
+        strategy.run(_fn_of_shape(calls), args=(x,))
+    self.assertEqual([], calls)
+    # Called per replica, each reads its own shape: sum(x) * size(x).
+    with tf.Graph().as_default():
+      strategy = replicate.MirroredStrategy(DEVICES)
+      x = _per_replica(tf.constant(first), tf.constant(second))
+      result = strategy.run(_fn_of_shape(calls), args=(x,))
+      with tf1.Session(config=CONFIG) as sess:
+        local = sess.run(list(strategy.experimental_local_results(result)))
+    self.assertEqual([1, 1], calls)
+    size = lambda v: len(v) * len(v[0])
+    self.assertAllEqual(
+        [sum(map(sum, first)) * size(first),
+         sum(map(sum, second)) * size(second)], local)
+
+
+class CloneInputValuesTest(tf.test.TestCase):
+
+  def test_numpy_arrays_that_differ_are_refused(self):
+    # `a == b` of two arrays is an array, whose truth is ambiguous: they
+    # cannot be shown equal. A copy of replica 0 would add [1, 2] in
+    # replica 1 too (sums 3 and 3 where replica 1's own call gives 7).
+    calls = []
+
+    def fn(offset):
+      calls.append(1)
+      return tf.reduce_sum(tf.constant(offset))
+
+    with tf.Graph().as_default():
+      strategy = replicate.MirroredStrategy(
+          DEVICES, replica_build=replicate.ReplicaBuild.CLONE)
+      with self.assertRaisesRegex(
+          errors.InvalidArgumentError,
+          r'copies replica 0 onto the other replicas, but the arguments '
+          r'differ between devices in a value that is not a tensor'):
+        strategy.run(fn, args=(_per_replica(np.array([1., 2.]),
+                                            np.array([3., 4.])),))
+    self.assertEqual([], calls)
+
+  def test_tensors_of_unknown_rank_are_copied(self):
+    # Both of unknown rank: nothing baked in that differs; the function is
+    # called once and replica i sums its own value: 1 + 2 = 3, 10.
+    calls = []
+
+    def fn(x):
+      calls.append(1)
+      return tf.reduce_sum(x)
+
+    with tf.Graph().as_default():
+      strategy = replicate.MirroredStrategy(
+          DEVICES, replica_build=replicate.ReplicaBuild.CLONE)
+      first = tf1.placeholder(tf.float32, shape=None)
+      second = tf1.placeholder(tf.float32, shape=None)
+      result = strategy.run(fn, args=(_per_replica(first, second),))
+      with tf1.Session(config=CONFIG) as sess:
+        local = sess.run(list(strategy.experimental_local_results(result)),
+                         {first: [1., 2.], second: [[10.]]})
+    self.assertEqual([1], calls)
+    self.assertAllEqual([3., 10.], local)
+
+
 if __name__ == '__main__':
   tf.test.main()
