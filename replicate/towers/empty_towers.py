@@ -52,6 +52,7 @@ def write_checks(train_op, tower_inputs, tower_rows):
   bodies = {}  # function name: whether it writes a variable
   checks = []
   cone = None
+  loops = {}  # op: whether it runs inside a TF 1 while_loop's frame
   for write in train_op.graph.get_operations():
     if not (_may_write(write.type) or
             write.type in op_kinds.FUNCTION_CALL_OP_TYPES or
@@ -69,8 +70,8 @@ def write_checks(train_op, tower_inputs, tower_rows):
       continue
     check = _check(write, amounts, tower_id, len(tower_inputs),
                    tower_rows[tower_id])
-    _compat.add_control_inputs(
-        train_op if _compat.in_control_flow(write) else write, [check])
+    in_frame = _compat.in_control_flow(write) or _in_loop(write, loops)
+    _compat.add_control_inputs(train_op if in_frame else write, [check])
     checks.append(check)
   return checks
 
@@ -149,7 +150,44 @@ def _calls_write(graph, node_def, bodies):
   return False
 
 
+def _in_loop(op, loops):
+  """Whether `op` runs inside a TF 1 `while_loop`'s frame: it descends from
+  an `Enter` through data or control inputs without leaving by an `Exit`.
+  (A tower copied from tower 0 carries no Python control-flow context, so
+  its loops are told by their ops.) `loops` memoizes ops across calls."""
+  pending = [(op, False)]
+  while pending:
+    current, parents_done = pending.pop()
+    parents = [p for p in [t.op for t in current.inputs] +
+               list(current.control_inputs)
+               if p.type not in ('Exit', 'RefExit')]
+    if parents_done:
+      loops[current] = any(loops.get(p, False) for p in parents)
+      continue
+    if current in loops:
+      continue
+    if current.type in ('Enter', 'RefEnter'):
+      loops[current] = True
+      continue
+    loops[current] = False  # provisional: a loop's back edge stops here
+    pending.append((current, True))
+    pending.extend((p, False) for p in parents if p not in loops)
+  return loops[op]
+
+
+def _outside_loops(tensor):
+  """The value a TF 1 `while_loop` body reads unchanged (a loop invariant
+  brought in by a constant `Enter`), followed out of nested loops: the check
+  is built outside the loop, and no op there may read a tensor of the
+  loop's frame. Other tensors are returned as they are."""
+  while (tensor.op.type in ('Enter', 'RefEnter') and
+         tensor.op.get_attr('is_constant')):
+    tensor = tensor.op.inputs[0]
+  return tensor
+
+
 def _check(write, amounts, tower_id, num_towers, rows):
+  amounts = [_outside_loops(t) for t in amounts]
   # Where the amount is made: only a boolean crosses devices.
   with tf1.name_scope('empty_tower_check'), \
       tf1.colocate_with(amounts[0].op, ignore_existing=True):
