@@ -13,12 +13,17 @@ amount is not finite; a finite one (a count of rows, adding 0) runs. A
 function call or TF 2 `cond` whose functions write a variable it gets counts
 as a write of its floating-point inputs.
 
+A write inside a TF 1 `while_loop` whose amount the loop computes cannot
+be checked from outside the loop: it is logged as a WARNING and left
+unchecked.
+
 May import `_compat`, `core` and `step_checks`.
 """
 import tensorflow as tf
 
 from replicate import _compat
 from replicate._compat import tf1
+from replicate.core import logs as logging
 from replicate.core import op_kinds
 from replicate.towers import step_checks
 
@@ -67,6 +72,16 @@ def write_checks(train_op, tower_inputs, tower_rows):
     # updates that never run (tower 0's run).
     cone = cone or op_kinds.backward_cone([train_op])
     if write not in cone:
+      continue
+    amounts = [_outside_loops(t) for t in amounts]
+    if any(_in_loop(t.op, loops) for t in amounts):
+      logging.warning(
+          'Tower %d of %d writes a variable from its own rows inside a '
+          'while_loop (op %s), from an amount computed in the loop: it cannot '
+          'be checked for a tower given no rows, where a mean over no rows '
+          'would write NaN. Give every batch at least %d rows (e.g. '
+          'batch(..., drop_remainder=True)).', tower_id, len(tower_inputs),
+          write.name, len(tower_inputs))
       continue
     check = _check(write, amounts, tower_id, len(tower_inputs),
                    tower_rows[tower_id])
@@ -187,7 +202,6 @@ def _outside_loops(tensor):
 
 
 def _check(write, amounts, tower_id, num_towers, rows):
-  amounts = [_outside_loops(t) for t in amounts]
   # Where the amount is made: only a boolean crosses devices.
   with tf1.name_scope('empty_tower_check'), \
       tf1.colocate_with(amounts[0].op, ignore_existing=True):

@@ -75,6 +75,48 @@ class EmptyTowerLoopWriteTest(parameterized.TestCase, tf.test.TestCase):
             r'Tower [23] of 4 was given no rows of this batch'):
           sess.run(spec.train_op, {x: _X[:2], y: _Y[:2]})
 
+  def test_an_amount_computed_in_the_loop_is_left_unchecked_loudly(self):
+    # The loop computes the amount from its own variable (mean * (i + 1)):
+    # no check outside the loop can read it, so the write is left unchecked
+    # with a WARNING naming it (TF 1 loops), and the steps run (before, each
+    # failed on the frames).
+    def model_fn(features, labels, mode, params):
+      del params
+      state = tf1.get_variable('state', [3], use_resource=True,
+                               initializer=tf1.zeros_initializer(),
+                               trainable=False)
+      mean = tf.reduce_mean(features['x'], 0)
+
+      def body(i):
+        amount = mean * tf.cast(i + 1, tf.float32)
+        with tf.control_dependencies([state.assign(amount)]):
+          return i + 1
+
+      loop = tf1.while_loop(lambda i: i < 1, body, [tf.constant(0)])
+      loss = tf1.losses.mean_squared_error(
+          labels, tf1.layers.dense(features['x'], 1, name='out'))
+      with tf.control_dependencies([loop]):
+        train_op = replicate.TowerOptimizer(
+            tf1.train.GradientDescentOptimizer(0.1)).minimize(
+                loss, tf1.train.get_global_step())
+      return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    with tf.Graph().as_default():
+      if tf1.control_flow_v2_enabled():  # TF 2's loop is one While op
+        spec, x, y = _build(model_fn)
+      else:
+        with self.assertLogs('tensorflow', level='WARNING') as logs:
+          spec, x, y = _build(model_fn)
+        self.assertTrue(any(
+            'writes a variable from its own rows inside a while_loop' in m
+            for m in logs.output), logs.output)
+      with tf1.Session(config=replicate.testing.virtual_cpu_config(
+          TOWERS)) as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(spec.train_op, {x: _X, y: _Y})
+        # The step ran: one increment. (Every tower writes `state`; which
+        # write lands last is TF's order, as with calls per tower.)
+        self.assertEqual(1, sess.run(tf1.train.get_global_step()))
 
 if __name__ == '__main__':
   tf.test.main()
