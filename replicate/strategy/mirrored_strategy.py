@@ -354,11 +354,6 @@ class MirroredExtended(strategy_extended.StrategyExtended):
   def _parameter_devices(self):
     return self._devices
 
-  def _local_results(self, value):
-    if isinstance(value, values_lib.DistributedValues):
-      return value.values
-    return (value,)
-
   def _configure(self, session_config, cluster_spec, task_type, task_id):
     super(MirroredExtended, self)._configure(session_config, cluster_spec,
                                              task_type, task_id)
