@@ -1,5 +1,15 @@
 """Edges of the checks on what a tower given no rows writes
-(replicate/towers/empty_towers.py)."""
+(replicate/towers/empty_towers.py): every amount of a function's write, a
+write of every tower's rows, and writes inside a while_loop.
+
+Before 2026-11-28, TF 1's loops (TF 1.15, and TF 2.15 in v1 mode) failed
+every step ("has inputs from different frames"): the check was built
+outside the loop from the loop's copy of the amount, and a copied tower's
+write, which carries no Python control-flow context, was given it as a
+control input across the frame. TF 2's functional While was not affected.
+An amount the loop itself computes cannot be checked from outside: it is
+left unchecked with a warning."""
+from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
@@ -30,6 +40,32 @@ def _checks(graph):
   """The name scopes of the checks on writes of towers given no rows."""
   return sorted(set(op.name.split('/')[0] for op in graph.get_operations()
                     if op.name.startswith('empty_tower_check')))
+
+
+def _loop_model_fn(amount_of):
+  """A model_fn whose towers write `amount_of(mean of their rows, loop
+  variable)` into a variable inside a while_loop run once, before the
+  step's update."""
+  def model_fn(features, labels, mode, params):
+    del params
+    state = tf1.get_variable('state', [3], use_resource=True,
+                             initializer=tf1.zeros_initializer(),
+                             trainable=False)
+    mean = tf.reduce_mean(features['x'], 0)
+
+    def body(i):
+      with tf.control_dependencies([state.assign(amount_of(mean, i))]):
+        return i + 1
+
+    loop = tf1.while_loop(lambda i: i < 1, body, [tf.constant(0)])
+    loss = tf1.losses.mean_squared_error(
+        labels, tf1.layers.dense(features['x'], 1, name='out'))
+    with tf.control_dependencies([loop]):
+      train_op = replicate.TowerOptimizer(
+          tf1.train.GradientDescentOptimizer(0.1)).minimize(
+              loss, tf1.train.get_global_step())
+    return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+  return model_fn
 
 
 class EmptyTowerWriteEdgesTest(tf.test.TestCase):
@@ -100,6 +136,55 @@ class EmptyTowerWriteEdgesTest(tf.test.TestCase):
         sess.run(spec.train_op, {x: _X[:2], y: _Y[:2]})
         self.assertTrue(all(np.all(np.isfinite(v)) for v in sess.run(
             tf1.global_variables())))
+
+
+
+class EmptyTowerLoopWriteTest(parameterized.TestCase, tf.test.TestCase):
+
+  # Copies of tower 0 (the default) carry no Python control-flow context;
+  # calls per tower do.
+  @parameterized.parameters(replicate.TowerBuild.CLONE,
+                            replicate.TowerBuild.CALL_PER_TOWER)
+  def test_a_write_inside_a_while_loop_fails_the_step(self, tower_build):
+    # The write runs in a loop (TF 1: inside its frame, where no control
+    # input may come from outside; TF 2: a While op whose body writes). On
+    # 2 rows, towers 2 and 3 get none: their mean is NaN, and the step
+    # fails instead of writing it.
+    model_fn = _loop_model_fn(lambda mean, i: mean)
+    with tf.Graph().as_default():
+      spec, x, y = _build(model_fn, tower_build=tower_build)
+      with tf1.Session(config=replicate.testing.virtual_cpu_config(
+          TOWERS)) as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(spec.train_op, {x: _X[:4], y: _Y[:4]})
+        with self.assertRaisesRegex(
+            tf.errors.InvalidArgumentError,
+            r'Tower [23] of 4 was given no rows of this batch'):
+          sess.run(spec.train_op, {x: _X[:2], y: _Y[:2]})
+
+  def test_an_amount_computed_in_the_loop_is_left_unchecked_loudly(self):
+    # The loop computes the amount from its own variable (mean * (i + 1)):
+    # no check outside the loop can read it, so the write is left unchecked
+    # with a WARNING naming it (TF 1 loops), and the steps run (before, each
+    # failed on the frames).
+    model_fn = _loop_model_fn(
+        lambda mean, i: mean * tf.cast(i + 1, tf.float32))
+    with tf.Graph().as_default():
+      if tf1.control_flow_v2_enabled():  # TF 2's loop is one While op
+        spec, x, y = _build(model_fn)
+      else:
+        with self.assertLogs('tensorflow', level='WARNING') as logs:
+          spec, x, y = _build(model_fn)
+        self.assertTrue(any(
+            'writes a variable from its own rows inside a while_loop' in m
+            for m in logs.output), logs.output)
+      with tf1.Session(config=replicate.testing.virtual_cpu_config(
+          TOWERS)) as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(spec.train_op, {x: _X, y: _Y})
+        # The step ran: one increment. (Every tower writes `state`; which
+        # write lands last is TF's order, as with calls per tower.)
+        self.assertEqual(1, sess.run(tf1.train.get_global_step()))
 
 
 if __name__ == '__main__':
