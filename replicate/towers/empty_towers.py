@@ -57,7 +57,7 @@ def write_checks(train_op, tower_inputs, tower_rows):
   bodies = {}  # function name: whether it writes a variable
   checks = []
   cone = None
-  loops = {}  # op: whether it runs inside a TF 1 while_loop's frame
+  loops = None  # the ops inside TF 1 while_loops' frames, when needed
   for write in train_op.graph.get_operations():
     if not (_may_write(write.type) or
             write.type in op_kinds.FUNCTION_CALL_OP_TYPES or
@@ -74,7 +74,8 @@ def write_checks(train_op, tower_inputs, tower_rows):
     if write not in cone:
       continue
     amounts = [_outside_loops(t) for t in amounts]
-    if any(_in_loop(t.op, loops) for t in amounts):
+    loops = _loop_ops(train_op.graph) if loops is None else loops
+    if any(t.op in loops for t in amounts):
       logging.warning(
           'Tower %d of %d writes a variable from its own rows inside a '
           'while_loop (op %s), from an amount computed in the loop: it cannot '
@@ -85,7 +86,7 @@ def write_checks(train_op, tower_inputs, tower_rows):
       continue
     check = _check(write, amounts, tower_id, len(tower_inputs),
                    tower_rows[tower_id])
-    in_frame = _compat.in_control_flow(write) or _in_loop(write, loops)
+    in_frame = _compat.in_control_flow(write) or write in loops
     _compat.add_control_inputs(train_op if in_frame else write, [check])
     checks.append(check)
   return checks
@@ -165,29 +166,26 @@ def _calls_write(graph, node_def, bodies):
   return False
 
 
-def _in_loop(op, loops):
-  """Whether `op` runs inside a TF 1 `while_loop`'s frame: it descends from
-  an `Enter` through data or control inputs without leaving by an `Exit`.
-  (A tower copied from tower 0 carries no Python control-flow context, so
-  its loops are told by their ops.) `loops` memoizes ops across calls."""
-  pending = [(op, False)]
-  while pending:
-    current, parents_done = pending.pop()
-    parents = [p for p in [t.op for t in current.inputs] +
-               list(current.control_inputs)
-               if p.type not in ('Exit', 'RefExit')]
-    if parents_done:
-      loops[current] = any(loops.get(p, False) for p in parents)
-      continue
-    if current in loops:
-      continue
-    if current.type in ('Enter', 'RefEnter'):
-      loops[current] = True
-      continue
-    loops[current] = False  # provisional: a loop's back edge stops here
-    pending.append((current, True))
-    pending.extend((p, False) for p in parents if p not in loops)
-  return loops[op]
+def _loop_ops(graph):
+  """The ops of `graph` that run inside a TF 1 `while_loop`'s frame: those
+  that descend from an `Enter` through data or control inputs without
+  leaving by an `Exit`. (A tower copied from tower 0 carries no Python
+  control-flow context, so its loops are told by their ops.) Ops are taken
+  in creation order until nothing changes: a loop's back edge and control
+  inputs added later point to later ops."""
+  inside = set()
+  changed = True
+  while changed:
+    changed = False
+    for op in graph.get_operations():
+      if op in inside:
+        continue
+      if op.type in ('Enter', 'RefEnter') or any(
+          parent in inside and parent.type not in ('Exit', 'RefExit')
+          for parent in [t.op for t in op.inputs] + list(op.control_inputs)):
+        inside.add(op)
+        changed = True
+  return inside
 
 
 def _outside_loops(tensor):

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 import replicate
 from replicate._compat import tf1
+from replicate.towers import empty_towers
 
 TOWERS = 4
 TRAIN = tf1.estimator.ModeKeys.TRAIN
@@ -185,6 +186,24 @@ class EmptyTowerLoopWriteTest(parameterized.TestCase, tf.test.TestCase):
         # The step ran: one increment. (Every tower writes `state`; which
         # write lands last is TF's order, as with calls per tower.)
         self.assertEqual(1, sess.run(tf1.train.get_global_step()))
+
+  def test_the_ops_of_every_towers_loop_are_told_apart(self):
+    # Copied towers carry no Python control-flow context: their loop ops
+    # are found from the graph alone, whatever order they are asked in.
+    # TF 1 loops only (TF 2's loop is one While op; nothing is inside).
+    with tf.Graph().as_default() as graph:
+      _build(_loop_model_fn(lambda mean, i: mean))
+      inside = empty_towers._loop_ops(graph)  # pylint: disable=protected-access
+      ops = graph.get_operations()
+    if tf1.control_flow_v2_enabled():
+      self.assertEmpty(inside)
+      return
+    # Every tower's loop: ops under its while/ scope (the Exits too: they
+    # leave the frame, their consumers do not).
+    in_loops = {op for op in ops if op.name.split('/')[0] == 'while' or
+                op.name.split('/')[:2][-1] == 'while'}
+    self.assertLen({op.name.split('while/')[0] for op in in_loops}, TOWERS)
+    self.assertEqual(in_loops, inside)
 
 
 if __name__ == '__main__':
