@@ -10,6 +10,7 @@ from replicate import errors
 from replicate import testing
 from replicate._compat import tf1
 from replicate.core import device_util
+from replicate.core import op_kinds
 from replicate.cross_tower import algorithms
 
 _CPUS = testing.virtual_cpu_devices(4)
@@ -246,18 +247,6 @@ def _on(devices, dtypes=None, shape=(2,)):
   return tensors
 
 
-def _ancestors(tensor):
-  """Every op `tensor` waits for, through data and control inputs."""
-  seen, stack = set(), [tensor.op]
-  while stack:
-    op = stack.pop()
-    for parent in [i.op for i in op.inputs] + list(op.control_inputs):
-      if parent not in seen:
-        seen.add(parent)
-        stack.append(parent)
-  return seen
-
-
 class BuilderErrorsTest(tf.test.TestCase):
   """The errors the builders promise, before any op is built."""
 
@@ -364,7 +353,7 @@ class NcclHybridWaitsTest(parameterized.TestCase, tf.test.TestCase):
       worker = '/job:worker/task:%d/' % (i // 3)
       own = {op for op in nccl if op.device.startswith(worker)}
       self.assertLen(own, 3)
-      self.assertContainsSubset(own, _ancestors(out))
+      self.assertContainsSubset(own, op_kinds.backward_cone([out.op]))
 
   def test_nccl_then_ring_runs_its_ring_in_subchunks(self):
     # 2 workers x 2 GPUs, num_subchunks=3: the cross-worker ring splits each

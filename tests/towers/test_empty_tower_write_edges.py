@@ -43,6 +43,19 @@ def _checks(graph):
                     if op.name.startswith('empty_tower_check')))
 
 
+def _assert_four_rows_run_and_two_fail(test, spec, x, y):
+  """4 rows: one a tower, every mean finite, the step runs. 2 rows: towers 2
+  and 3 get none, their mean is NaN, and the step fails naming one."""
+  with tf1.Session(config=replicate.testing.virtual_cpu_config(
+      TOWERS)) as sess:
+    sess.run(tf1.global_variables_initializer())
+    sess.run(spec.train_op, {x: _X[:4], y: _Y[:4]})
+    with test.assertRaisesRegex(
+        tf.errors.InvalidArgumentError,
+        r'Tower [23] of 4 was given no rows of this batch'):
+      sess.run(spec.train_op, {x: _X[:2], y: _Y[:2]})
+
+
 def _loop_model_fn(amount_of):
   """A model_fn whose towers write `amount_of(mean of their rows, loop
   variable)` into a variable inside a while_loop run once, before the
@@ -99,16 +112,7 @@ class EmptyTowerWriteEdgesTest(tf.test.TestCase):
       spec, x, y = _build(model_fn)
       # Towers 1, 2 and 3 write from their own rows: one check each.
       self.assertLen(_checks(graph), 3)
-      with tf1.Session(config=replicate.testing.virtual_cpu_config(
-          TOWERS)) as sess:
-        sess.run(tf1.global_variables_initializer())
-        # 4 rows: one a tower, every mean finite.
-        sess.run(spec.train_op, {x: _X[:4], y: _Y[:4]})
-        # 2 rows: towers 2 and 3 get none, their mean is NaN.
-        with self.assertRaisesRegex(
-            tf.errors.InvalidArgumentError,
-            r'Tower [23] of 4 was given no rows of this batch'):
-          sess.run(spec.train_op, {x: _X[:2], y: _Y[:2]})
+      _assert_four_rows_run_and_two_fail(self, spec, x, y)
 
   def test_a_write_of_every_towers_rows_is_not_checked(self):
     # The optimizer's sparse update (a scatter into the embedding) writes
@@ -139,7 +143,6 @@ class EmptyTowerWriteEdgesTest(tf.test.TestCase):
             tf1.global_variables())))
 
 
-
 class EmptyTowerLoopWriteTest(parameterized.TestCase, tf.test.TestCase):
 
   # Copies of tower 0 (the default) carry no Python control-flow context;
@@ -154,14 +157,7 @@ class EmptyTowerLoopWriteTest(parameterized.TestCase, tf.test.TestCase):
     model_fn = _loop_model_fn(lambda mean, i: mean)
     with tf.Graph().as_default():
       spec, x, y = _build(model_fn, tower_build=tower_build)
-      with tf1.Session(config=replicate.testing.virtual_cpu_config(
-          TOWERS)) as sess:
-        sess.run(tf1.global_variables_initializer())
-        sess.run(spec.train_op, {x: _X[:4], y: _Y[:4]})
-        with self.assertRaisesRegex(
-            tf.errors.InvalidArgumentError,
-            r'Tower [23] of 4 was given no rows of this batch'):
-          sess.run(spec.train_op, {x: _X[:2], y: _Y[:2]})
+      _assert_four_rows_run_and_two_fail(self, spec, x, y)
 
   def test_an_amount_computed_in_the_loop_is_left_unchecked_loudly(self):
     # The loop computes the amount from its own variable (mean * (i + 1)):
