@@ -3,7 +3,15 @@
 A `DistributedValues` maps each of its devices to the value there. Device
 keys are canonicalized once, when the object is built, so any spelling of a
 device (`/gpu:0`, `/device:GPU:0`, fully qualified) finds the same value.
+
+A value looked up by the current `tf.device` scope (`get()` with no device,
+a `Mirrored` converted to a tensor) is reported to the function given to
+`observing_scope_lookups` on this thread, if any: a replica whose copies
+stand for other replicas' calls must make each copy read its own device's
+value (strategy/replica_loop.py).
 """
+import contextlib
+import threading
 
 import tensorflow as tf
 
@@ -105,12 +113,35 @@ class DistributedValues(object):
       device = _compat.current_device()
       if not device:
         return self._get_without_device()
+      _note_scope_lookup(self, device)
     return self._lookup(device)
 
   def __repr__(self):
     return '{}({{{}}})'.format(
         type(self).__name__,
         ', '.join('{}: {!r}'.format(d, self._index[d]) for d in self._devices))
+
+
+_observers = threading.local()
+
+
+@contextlib.contextmanager
+def observing_scope_lookups(observe):
+  """Calls `observe(values, device)` for each lookup by the current device
+  scope made on this thread inside the `with` block (the previous observer,
+  if any, is restored on exit)."""
+  previous = getattr(_observers, 'observe', None)
+  _observers.observe = observe
+  try:
+    yield
+  finally:
+    _observers.observe = previous
+
+
+def _note_scope_lookup(values, device):
+  observe = getattr(_observers, 'observe', None)
+  if observe is not None:
+    observe(values, device)
 
 
 class PerDevice(DistributedValues):
@@ -148,6 +179,7 @@ class Mirrored(DistributedValues):
     """
     device = _compat.current_device()
     if device and self.on_device(device):
+      _note_scope_lookup(self, device)
       return self._lookup(device)
     return self._index[self.primary_device]
 

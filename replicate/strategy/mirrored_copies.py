@@ -8,8 +8,9 @@ the function runs once, for replica 0, and at each sync point (every
 sync point needs is copied onto the other replicas' devices with
 `graph_copy.GraphCopier` (one `tf.import_graph_def` per sync point). The
 copies read their replica's own inputs and their own copy of each mirrored
-(and sync-on-read) variable; a value a `merge_call` handed replica 0 reads,
-in copy i, what it handed replica i; with a graph seed, seeded random ops
+(and sync-on-read) variable; a value a `merge_call` handed replica 0, or
+replica 0 looked up by its device scope (`PerDevice.get()`), reads, in copy
+i, replica i's; with a graph seed, seeded random ops
 draw their own numbers per copy, and without one an op-level seed draws the
 same numbers in every copy, as in every call (node_defs.reseeds). The merge function gets per-replica arguments (replica i's: the
 copies of replica 0's) and runs once, as with per-replica calls.
@@ -163,14 +164,18 @@ def copy_of(copier, replica_id, structure):
   return tf.nest.map_structure(copy_leaf, structure)
 
 
-def map_shares(copier, replica_id, first_share, share):
+def map_shares(copier, replica_id, first_share, share,
+               source='a merge_call handed the replicas'):
   """Makes copies read replica `replica_id`'s share where replica 0's is read.
 
   Args:
     copier: the `ReplicaCopier`.
     replica_id: a replica other than 0.
-    first_share: what a `merge_call` handed replica 0.
-    share: what it handed replica `replica_id`.
+    first_share: what a `merge_call` handed replica 0 (or what replica 0
+      looked up by its device scope).
+    share: what it handed replica `replica_id` (or what replica
+      `replica_id` would have looked up).
+    source: where the shares come from, for the reason.
 
   Returns:
     None, or why copies cannot follow (the shares differ in a Python value).
@@ -191,8 +196,8 @@ def map_shares(copier, replica_id, first_share, share):
     elif copy_policy.equal_python(a, b):
       continue
     else:
-      return ('a merge_call handed the replicas values that differ other '
-              'than as tensors of one shape ({!r} and {!r})'.format(a, b))
+      return ('{} values that differ other than as tensors of one shape '
+              '({!r} and {!r})'.format(source, a, b))
     for original, copy in pairs:
       copier.set_copy(replica_id, original, copy)
   return None

@@ -108,8 +108,11 @@ class ReplicaThread(threading.Thread):
     self.captured_control_deps = set()
     self.context = None
     # Whether the other replicas are copies of this one (mirrored_copies):
-    # then the function must not ask which replica it builds.
+    # then the function must not ask which replica it builds, and what it
+    # looks up by its device scope is recorded in `scope_lookups` as
+    # (distributed value, device) pairs, for the copies to read their own.
     self.copying = False
+    self.scope_lookups = []
 
   def run(self):
     self.should_run.wait()
@@ -129,7 +132,9 @@ class ReplicaThread(threading.Thread):
           tf1.variable_scope(self.var_scope,
                              reuse=True if self.replica_id > 0 else None,
                              auxiliary_name_scope=False), \
-          _creators(self.graph, self.creator_stack, self.creator):
+          _creators(self.graph, self.creator_stack, self.creator), \
+          values_lib.observing_scope_lookups(
+              self._record_lookup if self.copying else None):
         self.result = self.fn(*self.args, **self.kwargs)
         self.done = True
     except _Aborted:
@@ -138,6 +143,9 @@ class ReplicaThread(threading.Thread):
       self.exc_info = sys.exc_info()
     finally:
       self.has_paused.set()
+
+  def _record_lookup(self, value, device):
+    self.scope_lookups.append((value, device))
 
   def pause_for_merge(self, merge_fn, args, kwargs):
     """Called by this thread's replica context: waits for the merge result."""

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from replicate import errors
 from replicate._compat import tf1
+from replicate.core import device_util
 from replicate.core import logs as logging
 from replicate.core import op_kinds
 from replicate.cross_tower import values as values_lib
@@ -275,9 +276,27 @@ class _Copies(object):
           mirrored_copies.reason_summaries_written(ops) or
           self.copier.reason_python_state(ops))
       self.copier.map_mirrored(self.mirrored_variables())
+      self._map_scope_lookups(first)
       if first.done:
         return self._results(loop.container_of)
       self._merge(loop, first)
+
+  def _map_scope_lookups(self, first):
+    """Copy i reads replica i's value where replica 0 read its own by its
+    device scope (`PerDevice.get()`), as replica i's call would."""
+    lookups, first.scope_lookups = first.scope_lookups, []
+    own = device_util.canonicalize(self.devices[0])
+    for value, device in lookups:
+      if device_util.canonicalize(device) != own:
+        continue  # Pinned elsewhere inside the function: the same in every call.
+      original = value.get(own)
+      if isinstance(original, tf.Variable):
+        continue  # A distributed variable's copies: `map_mirrored`.
+      for i in range(1, len(self.devices)):
+        mirrored_copies.POLICY.check(mirrored_copies.map_shares(
+            self.copier, i, original, value.get(self.devices[i]),
+            source='the replica function read, by its device scope, '
+                   'per-device'))
 
   def _merge(self, loop, first):
     copier = self.copier

@@ -1,7 +1,7 @@
 """ReplicaBuild.CLONE against calls per replica (strategy/mirrored_copies.py):
 ops pinned off the replica's device, sparse results and inputs, the dense
-shapes of IndexedSlices shares, a writer around the call, and merge shares
-of two shapes."""
+shapes of IndexedSlices shares, a writer around the call, merge shares of
+two shapes, and values the function looks up by its device scope."""
 import tensorflow as tf
 
 import replicate
@@ -150,6 +150,91 @@ class CloneCopiesTest(tf.test.TestCase):
         with tf1.Session(config=CONFIG) as sess:
           local = sess.run(list(strategy.experimental_local_results(result)))
       self.assertAllEqual([3., 70.], local, msg=str(build))
+
+
+class ScopeLookupTest(tf.test.TestCase):
+  """A distributed value the function closes over, read by its device scope
+  (`get()` with no device, a `Mirrored` as a tensor), is each replica's own
+  in a call: so must it be in a copy."""
+
+  def _local_results(self, build, make_fn):
+    """Each replica's result of `make_fn()`'s function (built in the graph)."""
+    with tf.Graph().as_default():
+      fn = make_fn()
+      strategy = replicate.MirroredStrategy(DEVICES, replica_build=build)
+      result = strategy.run(fn)
+      with tf1.Session(config=CONFIG) as sess:
+        return sess.run(list(strategy.experimental_local_results(result)))
+
+  def test_per_device_get_reads_each_replicas_value(self):
+    # Replica 0's value is [1, 2], replica 1's [30, 40]; the function returns
+    # 2 * get() + sum(get()): replica 0 [2, 4] + 3 = [5, 7], replica 1
+    # [60, 80] + 70 = [130, 150]. A copy reading replica 0's value would give
+    # [5, 7] twice.
+    def build_fn():
+      per_device = _per_replica(tf.constant([1., 2.]), tf.constant([30., 40.]))
+
+      def fn():
+        return 2.0 * per_device.get() + tf.reduce_sum(per_device.get())
+      return fn
+
+    for build in (PER_REPLICA, CLONE):
+      self.assertAllEqual([[5., 7.], [130., 150.]], self._local_results(build, build_fn),
+                          msg=str(build))
+
+  def test_mirrored_as_a_tensor_reads_each_replicas_copy(self):
+    # tf.identity(mirrored) takes the copy on the replica's device: replica
+    # 1's op must read replica 1's copy (3.0 on CPU:1), not replica 0's.
+    for build in (PER_REPLICA, CLONE):
+      with tf.Graph().as_default() as graph:
+        copies = {}
+        for device in DEVICES:
+          with tf.device(device):
+            copies[device] = tf.constant(3.0, name='copy')
+        mirrored = values.Mirrored(copies)
+        strategy = replicate.MirroredStrategy(DEVICES, replica_build=build)
+        result = strategy.run(lambda: tf.identity(mirrored, name='read') * 2.)
+        reads = sorted((op for op in graph.get_operations()
+                        if op.name.endswith('read')), key=lambda op: op.name)
+        self.assertEqual([copies[DEVICES[0]].name, copies[DEVICES[1]].name],
+                         [op.inputs[0].name for op in reads], msg=str(build))
+        with tf1.Session(config=CONFIG) as sess:
+          self.assertAllEqual([6., 6.], sess.run(list(
+              strategy.experimental_local_results(result))))
+
+  def test_lookup_pinned_off_the_replica_device_is_the_same_everywhere(self):
+    # Inside tf.device(CPU:2) every replica's call reads CPU:2's value (5),
+    # so both replicas return 5 + 1 = 6 under both builds.
+    def build_fn():
+      per_device = values.PerDevice({
+          DEVICES[0]: tf.constant(1.0), DEVICES[1]: tf.constant(2.0),
+          PINNED: tf.constant(5.0)})
+
+      def fn():
+        with tf.device(PINNED):
+          value = per_device.get()
+        return value + 1.0
+      return fn
+
+    for build in (PER_REPLICA, CLONE):
+      self.assertAllEqual([6., 6.], self._local_results(build, build_fn),
+                          msg=str(build))
+
+  def test_python_values_per_device_are_refused(self):
+    # Replica 0 would build with 2, replica 1 with 3: a copy of replica 0's
+    # ops cannot stand for replica 1's call.
+    per_device = _per_replica(2, 3)
+
+    def build_fn():
+      return lambda: tf.constant(1.0) * per_device.get()
+
+    self.assertAllEqual([2., 3.], self._local_results(PER_REPLICA, build_fn))
+    with self.assertRaisesRegex(
+        errors.InvalidArgumentError,
+        r'but the replica function read, by its device scope, per-device '
+        r'values that differ other than as tensors of one shape \(2 and '
+        r'3\)'):
+      self._local_results(CLONE, build_fn)
 
 
 if __name__ == '__main__':
