@@ -288,7 +288,8 @@ class _Copies(object):
     own = device_util.canonicalize(self.devices[0])
     for value, device in lookups:
       if device_util.canonicalize(device) != own:
-        continue  # Pinned elsewhere inside the function: the same in every call.
+        # Pinned elsewhere inside the function: the same in every call.
+        continue
       original = value.get(own)
       if isinstance(original, tf.Variable):
         continue  # A distributed variable's copies: `map_mirrored`.

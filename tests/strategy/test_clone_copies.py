@@ -179,8 +179,8 @@ class ScopeLookupTest(tf.test.TestCase):
       return fn
 
     for build in (PER_REPLICA, CLONE):
-      self.assertAllEqual([[5., 7.], [130., 150.]], self._local_results(build, build_fn),
-                          msg=str(build))
+      self.assertAllEqual([[5., 7.], [130., 150.]],
+                          self._local_results(build, build_fn), msg=str(build))
 
   def test_mirrored_as_a_tensor_reads_each_replicas_copy(self):
     # tf.identity(mirrored) takes the copy on the replica's device: replica
