@@ -238,6 +238,19 @@ class FastPathFallbackTest(tf.test.TestCase):
       self.assertAllEqual(20. * k + 11. * np.array([1., 2., 3.]), got)
       self.assertAllEqual(one_device[1][k], got)
 
+  def test_fallback_packs_by_the_ops_own_tuning(self):
+    # With Tuning(pack_max_bytes=0) nothing is packed: the 20 values sum in
+    # 20 AddNs on /cpu:3, as ReductionToOneDevice with that tuning sums them
+    # (a fallback on the default tuning would make one).
+    tuning = replicate.Tuning(pack_max_bytes=0)
+    with tf.Graph().as_default() as graph:
+      pairs = [(_per_device(10. * k, devices=_DEVICES[:2]), '/cpu:3')
+               for k in range(20)]
+      replicate.AllReduceCrossTowerOps(
+          'hierarchical_copy', num_packs=0, tuning=tuning).batch_reduce(
+              ReduceOp.SUM, pairs)
+      self.assertEqual([_CANONICAL[3]] * 20, _adds(graph))
+
 
 if __name__ == '__main__':
   tf.test.main()
