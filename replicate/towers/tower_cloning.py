@@ -25,8 +25,10 @@ When copying cannot be shown right, every tower is built by its own
 `model_fn` call, as in tf.contrib, and one warning says why (`POLICY`):
 `model_fn` asked `replicate.get_tower_context()` which tower it builds; the
 loss reduction is `SUM` and tower 0 created regularization losses (they
-count in tower 0 only); or a device scope around the replicated `model_fn`
-changed where tower 0's ops went. What copies do not repeat: `model_fn`'s
+count in tower 0 only); a device scope around the replicated `model_fn`
+changed where tower 0's ops went; or the optimizer holds a hyperparameter
+computed from the tower's rows or by a random op (calls apply with the
+last tower's). What copies do not repeat: `model_fn`'s
 Python code runs once, so Python-side state it keeps (a call counter, a
 Python random number) is the same for every tower, and summaries, hooks and
 other ops built after `apply_gradients` exist in tower 0 only.
@@ -73,7 +75,7 @@ def warn_not_cloned(reason):
                       POLICY.fallback_message(reason))
 
 
-def clone_optimizer_call(replication, call_index):
+def clone_optimizer_call(replication, call_index, optimizer):
   """Copies tower 0's gradients of one optimizer call onto the other towers.
 
   Called by tower 0's `TowerOptimizer.apply_gradients` while
@@ -83,13 +85,27 @@ def clone_optimizer_call(replication, call_index):
   copy of the call (its gradients and their gates), and
   `replication.towers_cloned` is set.
 
+  Tower 0's `optimizer` applies for every tower where calls would apply
+  with the last tower's: a hyperparameter tensor it holds (a learning rate)
+  must not differ between calls (`TowerCloner.reason_call_values`).
+
   Args:
     replication: the `tower_context.Replication` being built.
     call_index: the index of the call among tower 0's optimizer calls.
+    optimizer: the optimizer `TowerOptimizer` wraps.
+
+  Raises:
+    InvalidArgumentError: where a later call's optimizer has hyperparameters
+      that differ between calls, once the towers are copies.
   """
   cloner = replication.cloner
-  if not replication.towers_cloned:
-    reason = cloner.reason_not_to_clone(
+  reason = cloner.reason_call_values(_hyperparameters(optimizer))
+  if reason is not None:
+    reason += ", and calls apply with the last tower's optimizer"
+  if replication.towers_cloned:
+    POLICY.check(reason)
+  else:
+    reason = reason or cloner.reason_not_to_clone(
         replication.tower_context_requested,
         replication.loss_reduction == tf1.losses.Reduction.SUM)
     if reason is not None:
@@ -129,6 +145,24 @@ def clone_optimizer_call(replication, call_index):
       copied.append((cloner.get(tower_id, grad), var))
     replication.record_optimizer_call(optimizer_name, copied,
                                       tower_id=tower_id)
+
+
+def _hyperparameters(optimizer):
+  """`(description, tensor)` for the tensors `optimizer` holds, and those
+  of the optimizers it wraps (e.g. `SyncReplicasOptimizer`'s)."""
+  found, pending, seen = [], [optimizer], set()
+  while pending:
+    current = pending.pop()
+    if id(current) in seen:
+      continue
+    seen.add(id(current))
+    for name, value in sorted(vars(current).items()):
+      if isinstance(value, tf.Tensor):
+        found.append(("the optimizer {}'s {}".format(
+            type(current).__name__, name.lstrip('_')), value))
+      elif isinstance(value, tf1.train.Optimizer):
+        pending.append(value)
+  return found
 
 
 def _gradient_controls(replication):

@@ -32,6 +32,8 @@ class TowerCloner(graph_copier.GraphCopier):
         graph, devices, first_op_index, tower_inputs,
         stateful_op_types=op_kinds.STATEFUL_OP_TYPES, scope_name='tower')
     self._python_state = python_state.PythonState()
+    self._first_inputs = frozenset(t.name for t in tower_inputs[0]
+                                   if t is not None)
 
   def reason_not_to_clone(self, tower_context_requested, sum_reduction):
     """Why tower 0 must not be copied, or None when it may be.
@@ -63,6 +65,35 @@ class TowerCloner(graph_copier.GraphCopier):
     reason = self._python_state.reason_not_to_copy(
         python_state.copied_ops(window))
     return None if reason is None else 'model_fn ' + reason
+
+  def reason_call_values(self, named_tensors):
+    """Why tensors of tower 0's call would differ in another call, or None.
+
+    A tensor tower 0's `model_fn` call computed from the tower's rows, or
+    with a random op, has another value in another tower's call (e.g. the
+    last tower's, whose optimizer applies when towers are built by calls).
+
+    Args:
+      named_tensors: `(description, tensor)` pairs, e.g. an optimizer's
+        learning rate.
+    """
+    window = set(self._window())
+    for what, tensor in named_tensors:
+      pending = [tensor.op] if tensor.op in window else []
+      seen = set(pending)
+      while pending:
+        op = pending.pop()
+        if 'seed2' in op.node_def.attr:
+          return '{} is drawn by a random op of its call ({})'.format(
+              what, op.name)
+        if any(t.name in self._first_inputs for t in op.inputs):
+          return '{} is computed from the tower\'s rows ({})'.format(
+              what, op.name)
+        for source in [t.op for t in op.inputs] + list(op.control_inputs):
+          if source in window and source not in seen:
+            seen.add(source)
+            pending.append(source)
+    return None
 
   def _always_shared(self, window):
     return [op_kinds.op_of(item) for item in self._window_items(

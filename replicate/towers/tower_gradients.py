@@ -141,7 +141,7 @@ def apply_gradients(replication, optimizer, grads_and_vars, global_step,
   call_index = replication.record_optimizer_call(_name_of(optimizer),
                                                  grads_and_vars)
   if replication.cloner is not None:
-    tower_cloning.clone_optimizer_call(replication, call_index)
+    tower_cloning.clone_optimizer_call(replication, call_index, optimizer)
   if replication.tower.tower_id != replication.applying_tower_id:
     # What the call is made under (the control dependencies open around it,
     # e.g. tower 0's update ops), for the applying tower's update to wait
