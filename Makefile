@@ -14,7 +14,7 @@ PYTHON311 ?= $(call find_python,3.11)
 VENV_TF1 := .venv/tf1
 VENV_TF2 := .venv/tf2
 PYTEST_ARGS ?= -q -p no:cacheprovider
-V1_BEHAVIOR_TESTS := tests/towers/test_model_suite.py tests/towers/test_copy_fidelity.py tests/towers/test_optimizer_fidelity.py tests/graph_copy/test_copied_functions.py tests/towers/test_eval_fidelity.py tests/towers/test_uneven_batches.py tests/towers/test_misuse_errors.py tests/towers/test_empty_tower_write_edges.py tests/towers/test_optimizer_hyperparameters.py
+V1_BEHAVIOR_TESTS := tests/towers/test_model_suite.py tests/towers/test_copy_fidelity.py tests/towers/test_optimizer_fidelity.py tests/graph_copy/test_copied_functions.py tests/towers/test_eval_fidelity.py tests/towers/test_uneven_batches.py tests/towers/test_misuse_errors.py tests/towers/test_empty_tower_write_edges.py tests/towers/test_optimizer_hyperparameters.py tests/towers/test_variables_made_anew.py
 
 .PHONY: demo test test-tf1 test-tf2 test-tf2-v1 lint bench bench-tf2 bench-scale bench-gpu-graph sdist venv-tf1 venv-tf2 clean
 

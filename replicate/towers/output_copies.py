@@ -90,8 +90,7 @@ def copied_predict_specs(cloner, num_towers, first_spec):
     A list of `num_towers - 1` specs.
   """
   outputs = dict(first_spec.export_outputs or {})
-  cloner.clone(_tensors(first_spec.predictions) + [
-      t for output in outputs.values() for t in _export_tensors(output)])
+  cloner.clone(predict_targets(first_spec))
   specs = []
   for tower_id in range(1, num_towers):
     get = lambda t, i=tower_id: cloner.get(i, t)
@@ -103,6 +102,14 @@ def copied_predict_specs(cloner, num_towers, first_spec):
       }
     specs.append(tower_specs.replaced(first_spec, **fields))
   return specs
+
+
+def predict_targets(spec):
+  """The tensors a PREDICT spec's copies are made for: its predictions and
+  export outputs."""
+  return _tensors(spec.predictions) + [
+      t for output in (spec.export_outputs or {}).values()
+      for t in _export_tensors(output)]
 
 
 def _tensors(nest):

@@ -178,6 +178,10 @@ def build(model_fn, features, labels, mode, params, config, placement,
         per_tower_reason = cloner.reason_not_to_clone(
             replication.tower_context_requested,
             loss_reduction == tf1.losses.Reduction.SUM)
+        if per_tower_reason is None and mode == ModeKeys.PREDICT:
+          # (In EVAL such variables are the copies' own metric state.)
+          per_tower_reason = cloner.reason_variables_made_anew(
+              output_copies.predict_targets(specs[0]))
         if per_tower_reason is not None:
           _check_copied(replicated, per_tower_reason)
           tower_cloning.warn_not_cloned(per_tower_reason)

@@ -26,9 +26,10 @@ When copying cannot be shown right, every tower is built by its own
 `model_fn` asked `replicate.get_tower_context()` which tower it builds; the
 loss reduction is `SUM` and tower 0 created regularization losses (they
 count in tower 0 only); a device scope around the replicated `model_fn`
-changed where tower 0's ops went; or the optimizer holds a hyperparameter
+changed where tower 0's ops went; the optimizer holds a hyperparameter
 computed from the tower's rows or by a random op (calls apply with the
-last tower's). What copies do not repeat: `model_fn`'s
+last tower's); or the copies would write a non-trainable `tf.Variable`
+tower 0 made (each call makes its own). What copies do not repeat: `model_fn`'s
 Python code runs once, so Python-side state it keeps (a call counter, a
 Python random number) is the same for every tower, and summaries, hooks and
 other ops built after `apply_gradients` exist in tower 0 only.
@@ -87,7 +88,9 @@ def clone_optimizer_call(replication, call_index, optimizer):
 
   Tower 0's `optimizer` applies for every tower where calls would apply
   with the last tower's: a hyperparameter tensor it holds (a learning rate)
-  must not differ between calls (`TowerCloner.reason_call_values`).
+  must not differ between calls (`TowerCloner.reason_call_values`). Nor may
+  the first call's copies write a variable each call would make its own of
+  (`TowerCloner.reason_variables_made_anew`).
 
   Args:
     replication: the `tower_context.Replication` being built.
@@ -95,27 +98,10 @@ def clone_optimizer_call(replication, call_index, optimizer):
     optimizer: the optimizer `TowerOptimizer` wraps.
 
   Raises:
-    InvalidArgumentError: where a later call's optimizer has hyperparameters
-      that differ between calls, once the towers are copies.
+    InvalidArgumentError: where a later call's optimizer holds such a
+      hyperparameter, once the towers are copies.
   """
   cloner = replication.cloner
-  reason = cloner.reason_call_values(_hyperparameters(optimizer))
-  if reason is not None:
-    reason += ", and calls apply with the last tower's optimizer"
-  if replication.towers_cloned:
-    POLICY.check(reason)
-  else:
-    reason = reason or cloner.reason_not_to_clone(
-        replication.tower_context_requested,
-        replication.loss_reduction == tf1.losses.Reduction.SUM)
-    if reason is not None:
-      warn_not_cloned(reason)
-      replication.not_cloned_reason = reason
-      replication.cloner = None
-      return
-  replicated = replication.replicated
-  if replicated is not None:
-    replicated.make_copies(cloner)
   optimizer_name, grads_and_vars = replication.optimizer_call(0, call_index)
   # A gradient is copied with its gate: GATE_OP's `tuple` identity, which
   # waits for the other gradients of its op (the backward reads of W).
@@ -126,6 +112,24 @@ def clone_optimizer_call(replication, call_index, optimizer):
                      if t is not None)
     elif grad is not None:
       targets.append(grad)
+  reason = cloner.reason_call_values(_hyperparameters(optimizer))
+  if reason is not None:
+    reason += ", and calls apply with the last tower's optimizer"
+  if replication.towers_cloned:
+    POLICY.check(reason)
+  else:
+    reason = reason or cloner.reason_variables_made_anew(
+        targets + replication.gradient_losses) or cloner.reason_not_to_clone(
+            replication.tower_context_requested,
+            replication.loss_reduction == tf1.losses.Reduction.SUM)
+    if reason is not None:
+      warn_not_cloned(reason)
+      replication.not_cloned_reason = reason
+      replication.cloner = None
+      return
+  replicated = replication.replicated
+  if replicated is not None:
+    replicated.make_copies(cloner)
   if replication.ops_before_updates is None:
     replication.ops_before_updates = frozenset(
         replication.graph.get_operations())

@@ -95,9 +95,57 @@ class TowerCloner(graph_copier.GraphCopier):
             pending.append(source)
     return None
 
+  def reason_variables_made_anew(self, targets):
+    """Why copies of what `targets` need would not write what calls write.
+
+    Each `model_fn` call makes its own `tf.Variable`s (only `get_variable`
+    shares tower 0's); a copy writes tower 0's. A non-trainable variable
+    tower 0 made so (a running statistic in the forward pass) and the ops
+    `targets` need write would count every tower's rows where a call's
+    counts its own. (Trainable ones made anew, a Keras layer's, are shared:
+    calls refuse them, tower_build.check_tower.) Metric variables are the
+    copies' own (output_copies.py).
+
+    Args:
+      targets: tower-0 tensors and ops the copies are made for.
+
+    Returns:
+      A sentence for the warning, or None.
+    """
+    window = set(self._window())
+    graph = self._graph
+    trainable = [v for v in tf1.trainable_variables() if v.op in window]
+    skipped = set(id(v) for v in trainable + graph.get_collection(
+        tf1.GraphKeys.METRIC_VARIABLES))
+    made = [v for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES) +
+            graph.get_collection(tf1.GraphKeys.LOCAL_VARIABLES)
+            if v.op in window and id(v) not in skipped and _made_anew(v)]
+    if not made or any(_made_anew(v) for v in trainable):
+      return None
+    cone = op_kinds.backward_cone(
+        op_kinds.op_of(t) for t in targets) & window
+    for variable in made:
+      if op_kinds.variable_writes(variable.op, cone):
+        return ('model_fn makes variable {} anew (not with get_variable) '
+                'and writes it, where each call makes its own'.format(
+                    variable.op.name))
+    return None
+
   def _always_shared(self, window):
     return [op_kinds.op_of(item) for item in self._window_items(
         tf1.GraphKeys.UPDATE_OPS, window)]
 
   def _tower_device(self, requested, device):
     return device_setter.tower_device(requested, device)
+
+
+def _made_anew(variable):
+  """Whether `variable` was made outside the variable store (a `tf.Variable`,
+  a Keras weight): another `model_fn` call would make another one."""
+  with tf1.variable_scope(tf1.VariableScope(reuse=True),
+                          auxiliary_name_scope=False):
+    try:
+      found = tf1.get_variable(variable.op.name)
+    except ValueError:
+      return True
+  return found is not variable
