@@ -160,7 +160,7 @@ def _hyperparameters(optimizer):
     if id(current) in seen:
       continue
     seen.add(id(current))
-    for name, value in sorted(vars(current).items()):
+    for name, value in sorted(getattr(current, '__dict__', {}).items()):
       if isinstance(value, tf.Tensor):
         found.append(("the optimizer {}'s {}".format(
             type(current).__name__, name.lstrip('_')), value))
