@@ -80,6 +80,16 @@ def _trained(kind, tower_build):
           [c[0][0] for c in warn.call_args_list])
 
 
+def _build(model_fn, params, **kwargs):
+  """Builds the replicated TRAIN graph of `model_fn` on 2 towers and 7 rows."""
+  features, labels = mt.data(batch_size=7)
+  with tf.Graph().as_default():
+    tf1.train.get_or_create_global_step()
+    replicate.replicate_model_fn(model_fn, devices=mt.cpus(2), **kwargs)(
+        {'x': tf.constant(features['x'])}, tf.constant(labels), mt.TRAIN,
+        params)
+
+
 class HyperparameterTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(
@@ -124,31 +134,20 @@ class HyperparameterTest(tf.test.TestCase, parameterized.TestCase):
       return tf1.estimator.EstimatorSpec(mode, loss=loss,
                                          train_op=tf.group(one, two))
 
-    features, labels = mt.data(batch_size=7)
-    with tf.Graph().as_default():
-      tf1.train.get_or_create_global_step()
-      with self.assertRaisesRegex(
-          errors.InvalidArgumentError,
-          r"but the optimizer GradientDescentOptimizer's learning_rate is "
-          r"computed from the tower's rows .* tower_build=replicate\."
-          r'TowerBuild\.CALL_PER_TOWER'):
-        replicate.replicate_model_fn(model_fn, devices=mt.cpus(2))(
-            {'x': tf.constant(features['x'])}, tf.constant(labels), mt.TRAIN,
-            {})
+    with self.assertRaisesRegex(
+        errors.InvalidArgumentError,
+        r"but the optimizer GradientDescentOptimizer's learning_rate is "
+        r"computed from the tower's rows .* tower_build=replicate\."
+        r'TowerBuild\.CALL_PER_TOWER'):
+      _build(model_fn, {})
 
   def test_replicated_variables_refuse_such_a_rate(self):
-    features, labels = mt.data(batch_size=7)
-    with tf.Graph().as_default():
-      tf1.train.get_or_create_global_step()
-      with self.assertRaisesRegex(
-          errors.InvalidArgumentError,
-          r"the optimizer GradientDescentOptimizer's learning_rate is "
-          r"computed from the tower's rows"):
-        replicate.replicate_model_fn(
-            _model_fn, devices=mt.cpus(2),
-            variable_placement=replicate.VariablePlacement.REPLICATED)(
-                {'x': tf.constant(features['x'])}, tf.constant(labels),
-                mt.TRAIN, {'kind': 'rows'})
+    with self.assertRaisesRegex(
+        errors.InvalidArgumentError,
+        r"the optimizer GradientDescentOptimizer's learning_rate is "
+        r"computed from the tower's rows"):
+      _build(_model_fn, {'kind': 'rows'},
+             variable_placement=replicate.VariablePlacement.REPLICATED)
 
 
 if __name__ == '__main__':
