@@ -51,13 +51,7 @@ def copied_eval_specs(cloner, replication, first_spec, unscaled_loss,
       first_metric_variables, _METRIC_COLLECTIONS,
       follow_first_device=replication.replicated is not None)
   metrics = dict(first_spec.eval_metric_ops or {})
-  updates = [metric[1] for metric in metrics.values()
-             if isinstance(metric, (tuple, list)) and len(metric) == 2]
-  # One import for the updates, the loss, the LOSSES entries and the
-  # predictions (concatenated for what reads them, see tower_specs.py).
-  cloner.clone(updates + [unscaled_loss] +
-               collections.added(0, tf1.GraphKeys.LOSSES) +
-               _tensors(first_spec.predictions))
+  cloner.clone(eval_targets(first_spec, unscaled_loss, collections))
   specs = tower_cloning.copied_specs(cloner, replication, first_spec,
                                      unscaled_loss, collections)
   for tower_id, spec in enumerate(specs, 1):
@@ -102,6 +96,17 @@ def copied_predict_specs(cloner, num_towers, first_spec):
       }
     specs.append(tower_specs.replaced(first_spec, **fields))
   return specs
+
+
+def eval_targets(spec, unscaled_loss, collections):
+  """The tensors an EVAL spec's copies are made for, in one import: the
+  metrics' updates, the loss, the LOSSES entries and the predictions
+  (concatenated for what reads them, see tower_specs.py)."""
+  updates = [metric[1] for metric in (spec.eval_metric_ops or {}).values()
+             if isinstance(metric, (tuple, list)) and len(metric) == 2]
+  return (updates + [unscaled_loss] +
+          collections.added(0, tf1.GraphKeys.LOSSES) +
+          _tensors(spec.predictions))
 
 
 def predict_targets(spec):

@@ -178,10 +178,18 @@ def build(model_fn, features, labels, mode, params, config, placement,
         per_tower_reason = cloner.reason_not_to_clone(
             replication.tower_context_requested,
             loss_reduction == tf1.losses.Reduction.SUM)
-        if per_tower_reason is None and mode == ModeKeys.PREDICT:
-          # (In EVAL such variables are the copies' own metric state.)
+        own_locals = []
+        if mode == ModeKeys.EVAL:
+          # A hand-made metric's state outside `METRIC_VARIABLES` is the
+          # copies' own too, as a call's `tf.Variable` would be, and is
+          # checked to sum (a shared one would take racing writes).
+          own_locals = _in_creation_order(graph, metric_variables[0] + (
+              _written_by_metrics(specs[0], new_locals[0])))
+        if per_tower_reason is None:
           per_tower_reason = cloner.reason_variables_made_anew(
-              output_copies.predict_targets(specs[0]))
+              output_copies.predict_targets(specs[0])
+              if mode == ModeKeys.PREDICT else output_copies.eval_targets(
+                  specs[0], unscaled_loss, collections), own_locals)
         if per_tower_reason is not None:
           _check_copied(replicated, per_tower_reason)
           tower_cloning.warn_not_cloned(per_tower_reason)
@@ -190,13 +198,9 @@ def build(model_fn, features, labels, mode, params, config, placement,
         if replicated is not None:
           replicated.make_copies(cloner)
         if mode == ModeKeys.EVAL:
-          # A hand-made metric's state outside `METRIC_VARIABLES` is the
-          # copies' own too, as a call's `tf.Variable` would be, and is
-          # checked to sum (a shared one would take racing writes).
           more_specs, metric_variables = output_copies.copied_eval_specs(
               cloner, replication, specs[0], unscaled_loss, collections,
-              _in_creation_order(graph, metric_variables[0] + (
-                  _written_by_metrics(specs[0], new_locals[0]))))
+              own_locals)
         else:
           more_specs = output_copies.copied_predict_specs(
               cloner, num_towers, specs[0])

@@ -95,7 +95,7 @@ class TowerCloner(graph_copier.GraphCopier):
             pending.append(source)
     return None
 
-  def reason_variables_made_anew(self, targets):
+  def reason_variables_made_anew(self, targets, own=()):
     """Why copies of what `targets` need would not write what calls write.
 
     Each `model_fn` call makes its own `tf.Variable`s (only `get_variable`
@@ -103,11 +103,13 @@ class TowerCloner(graph_copier.GraphCopier):
     tower 0 made so (a running statistic in the forward pass) and the ops
     `targets` need write would count every tower's rows where a call's
     counts its own. (Trainable ones made anew, a Keras layer's, are shared:
-    calls refuse them, tower_build.check_tower.) Metric variables are the
-    copies' own (output_copies.py).
+    calls refuse them, tower_build.check_tower.) Metric variables, and
+    `own`, are the copies' own (output_copies.py).
 
     Args:
       targets: tower-0 tensors and ops the copies are made for.
+      own: variables each copy gets its own of (an EVAL copy's metric
+        state).
 
     Returns:
       A sentence for the warning, or None.
@@ -115,7 +117,7 @@ class TowerCloner(graph_copier.GraphCopier):
     window = set(self._window())
     graph = self._graph
     trainable = [v for v in tf1.trainable_variables() if v.op in window]
-    skipped = set(id(v) for v in trainable + graph.get_collection(
+    skipped = set(id(v) for v in trainable + list(own) + graph.get_collection(
         tf1.GraphKeys.METRIC_VARIABLES))
     made = [v for v in graph.get_collection(tf1.GraphKeys.GLOBAL_VARIABLES) +
             graph.get_collection(tf1.GraphKeys.LOCAL_VARIABLES)

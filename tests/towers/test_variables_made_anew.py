@@ -8,6 +8,7 @@ makes the towers be built by calls, with a warning
 metric state; trainable ones made anew (a Keras layer's) stay shared, as
 calls refuse them.
 """
+import tempfile
 from unittest import mock
 
 from absl.testing import parameterized
@@ -46,6 +47,9 @@ def _model_fn(features, labels, mode, params):
   if mode == mt.PREDICT:
     return tf1.estimator.EstimatorSpec(mode, predictions={'p': prediction})
   loss = tf1.losses.mean_squared_error(labels, prediction)
+  if mode == mt.EVAL:
+    return tf1.estimator.EstimatorSpec(
+        mode, loss=loss, eval_metric_ops={'mean': tf1.metrics.mean(x)})
   train_op = replicate.TowerOptimizer(
       tf1.train.GradientDescentOptimizer(0.1)).minimize(
           loss, tf1.train.get_global_step())
@@ -53,8 +57,8 @@ def _model_fn(features, labels, mode, params):
 
 
 def _run(tower_build, mode, params=None, **kwargs):
-  """Every variable after one step (TRAIN) or prediction (PREDICT), the
-  predictions, and the fallback reasons logged."""
+  """Every variable after one step (TRAIN), prediction (PREDICT) or metric
+  update (EVAL); the predictions or metrics; the fallback reasons logged."""
   features, labels = mt.data(batch_size=ROWS)
   with tf.Graph().as_default():
     tf1.train.get_or_create_global_step()
@@ -67,8 +71,14 @@ def _run(tower_build, mode, params=None, **kwargs):
         TOWERS)) as sess:
       sess.run([tf1.global_variables_initializer(),
                 tf1.local_variables_initializer()])
-      outputs = sess.run(spec.train_op if mode == mt.TRAIN
-                         else spec.predictions)
+      if mode == mt.EVAL:
+        # One step: the loss and the update in one run.
+        outputs = sess.run({'loss': spec.loss,
+                            'update': spec.eval_metric_ops['mean'][1]})
+        outputs['mean'] = sess.run(spec.eval_metric_ops['mean'][0])
+      else:
+        outputs = sess.run(spec.train_op if mode == mt.TRAIN
+                           else spec.predictions)
       values = {v.op.name: sess.run(v)
                 for v in tf1.global_variables() + tf1.local_variables()}
   return values, outputs, [c[0][0] for c in warn.call_args_list]
@@ -77,6 +87,7 @@ def _run(tower_build, mode, params=None, **kwargs):
 class MadeAnewTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(('train', mt.TRAIN),
+                                  ('eval', mt.EVAL),
                                   ('predict', mt.PREDICT))
   def test_written_in_the_forward_pass_builds_by_calls(self, mode):
     calls, called_outputs, no_reasons = _run(PER_TOWER, mode)
@@ -94,10 +105,13 @@ class MadeAnewTest(tf.test.TestCase, parameterized.TestCase):
     self.assertCountEqual(calls, default)
     for name in calls:
       self.assertAllEqual(calls[name], default[name], msg=name)
-    if mode == mt.PREDICT:
-      self.assertAllEqual(called_outputs['p'], outputs['p'])
+    if mode != mt.TRAIN:
+      self.assertCountEqual(called_outputs, outputs)
+      for key in called_outputs:
+        self.assertAllEqual(called_outputs[key], outputs[key], msg=key)
 
   @parameterized.named_parameters(('train', mt.TRAIN),
+                                  ('eval', mt.EVAL),
                                   ('predict', mt.PREDICT))
   def test_not_written_is_copied(self, mode):
     # Only `shared` is written: copies share tower 0's `made`, which keeps
@@ -140,6 +154,67 @@ class MadeAnewTest(tf.test.TestCase, parameterized.TestCase):
             {'x': tf.constant(features['x'])}, tf.constant(labels), mt.TRAIN,
             {})
     self.assertEqual([], warn.call_args_list)
+
+
+def _noisy_model_fn(features, labels, mode, params):
+  # Each call makes its own generator from seed 7: every tower adds the
+  # same first draws to its rows. One generator shared by copies would give
+  # tower i the (i+1)-th draws instead.
+  del params
+  generator = tf.random.experimental.Generator.from_seed(7)
+  x = features['x'] + generator.normal(tf.shape(features['x']))
+  weights = tf1.get_variable('w', [3, 1],
+                             initializer=tf1.constant_initializer(0.1))
+  prediction = tf.matmul(x, weights)
+  if mode == mt.PREDICT:
+    return tf1.estimator.EstimatorSpec(mode, predictions={'p': prediction})
+  loss = tf1.losses.mean_squared_error(labels, prediction)
+  train_op = replicate.TowerOptimizer(
+      tf1.train.AdamOptimizer(0.1)).minimize(
+          loss, tf1.train.get_global_step())
+  return tf1.estimator.EstimatorSpec(
+      mode, loss=loss, train_op=train_op,
+      eval_metric_ops={'mean': tf1.metrics.mean(prediction)})
+
+
+class RandomGeneratorTest(tf.test.TestCase):
+  """A `tf.random` `Generator` made in `model_fn` keeps its state in a
+  `tf.Variable` each call makes anew: through an Estimator, every mode
+  builds by calls and equals `CALL_PER_TOWER`."""
+
+  def _estimate(self, tower_build):
+    features, labels = mt.data(batch_size=ROWS)
+    def input_fn():
+      return tf1.data.Dataset.from_tensors(
+          ({'x': features['x']}, labels)).repeat(2)
+    estimator = tf1.estimator.Estimator(
+        replicate.replicate_model_fn(
+            _noisy_model_fn, devices=mt.cpus(TOWERS),
+            tower_build=tower_build),
+        model_dir=tempfile.mkdtemp(dir=self.get_temp_dir()),
+        config=tf1.estimator.RunConfig(
+            session_config=replicate.testing.virtual_cpu_config(TOWERS)))
+    with mock.patch.object(tower_cloning, 'warn_not_cloned') as warn:
+      estimator.train(input_fn, steps=2)
+      metrics = estimator.evaluate(input_fn, steps=1)
+      predictions = [p['p'] for p in estimator.predict(input_fn)]
+    variables = {name: estimator.get_variable_value(name)
+                 for name in estimator.get_variable_names()}
+    return variables, metrics, predictions, [
+        c[0][0] for c in warn.call_args_list]
+
+  def test_every_mode_equals_calls(self):
+    calls = self._estimate(PER_TOWER)
+    default = self._estimate(CLONE)
+    # TRAIN, EVAL and PREDICT each fall back, naming the generator's state.
+    self.assertLen(default[3], 3)
+    for reason in default[3]:
+      self.assertIn('anew (not with get_variable)', reason)
+    self.assertCountEqual(calls[0], default[0])
+    for name in calls[0]:
+      self.assertAllEqual(calls[0][name], default[0][name], msg=name)
+    self.assertEqual(calls[1], default[1])
+    self.assertAllEqual(calls[2], default[2])
 
 
 if __name__ == '__main__':
