@@ -56,7 +56,8 @@ def tower_kwargs(optimizer, kwargs):
 
 
 def barrier(gradients, name_scope):
-  """A `NoOp` that waits for `gradients` (Tensors or IndexedSlices) only.
+  """A `NoOp` that waits for `gradients` (Tensors or IndexedSlices, and
+  the losses they are of) only.
 
   Returns None for no gradient. Made under the absolute `name_scope` ('' or
   ending in '/': the tower's), outside any open control dependencies (those

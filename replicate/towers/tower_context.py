@@ -85,17 +85,20 @@ class _OptimizerCall(object):
     returned_op: in a tower that does not apply, the op the call returned:
       it waits for the gradients, `ready_op` and, once the applying tower
       has built it, the update of the step.
+    losses: the losses the tower gave `TowerOptimizer.compute_gradients`
+      since its previous call (none recorded for a copied call).
   """
 
   __slots__ = ('optimizer_name', 'grads_and_vars', 'scopes', 'ready_op',
-               'returned_op')
+               'returned_op', 'losses')
 
-  def __init__(self, optimizer_name, grads_and_vars, scopes):
+  def __init__(self, optimizer_name, grads_and_vars, scopes, losses=()):
     self.optimizer_name = optimizer_name
     self.grads_and_vars = grads_and_vars
     self.scopes = scopes
     self.ready_op = None
     self.returned_op = None
+    self.losses = list(losses)
 
 
 class Replication(object):
@@ -161,6 +164,7 @@ class Replication(object):
     # The ops of TowerOptimizer's updates of the step (step_checks.py).
     self.tower_optimizer_updates = set()
     self._calls = [[] for _ in range(num_towers)]
+    self._losses_since_call = [[] for _ in range(num_towers)]
 
   @property
   def applying_tower_id(self):
@@ -218,18 +222,30 @@ class Replication(object):
         tower 0 (which is always built first).
     """
     scopes = None
+    losses = ()
     if tower_id is None:
       tower_id = self.tower.tower_id
       name_scope = self.graph.get_name_scope()
       scopes = (tf1.get_variable_scope(),
                 name_scope + '/' if name_scope else '')
+      losses = self._losses_since_call[tower_id]
+      self._losses_since_call[tower_id] = []
     calls = self._calls[tower_id]
     if tower_id and len(calls) >= len(self._calls[0]):
       raise errors.InvalidArgumentError(_more_calls_message(
           0, len(self._calls[0]), tower_id, len(calls)))
     calls.append(_OptimizerCall(optimizer_name, list(grads_and_vars),
-                                scopes))
+                                scopes, losses))
     return len(calls) - 1
+
+  def record_loss(self, loss):
+    """Records a loss the tower being built differentiates with
+    `TowerOptimizer`; its next optimizer call is of it."""
+    self._losses_since_call[self.tower.tower_id].append(loss)
+
+  def losses_of_call(self, tower_id, call_index):
+    """The losses recorded for tower `tower_id`'s call `call_index`."""
+    return list(self._calls[tower_id][call_index].losses)
 
   def num_optimizer_calls(self, tower_id):
     return len(self._calls[tower_id])

@@ -100,6 +100,7 @@ def _check_not_per_row(replication, loss):
 def _tower_gradients(replication, optimizer, loss, var_list, kwargs):
   if replication.cloner is not None:
     replication.gradient_losses.append(loss)
+  replication.record_loss(loss)
   return optimizer.compute_gradients(
       replication.scale_loss(loss), var_list=var_list,
       **gradient_gating.tower_kwargs(optimizer, kwargs))
@@ -234,10 +235,15 @@ def _apply_sums(replication, optimizer, call_index, global_step, name,
   tower_grads = replication.gradients_of_call(call_index)
   # Every write of the update waits for every tower's gradients, and so for
   # every backward read of the variables (GATE_OP's guarantee, towers
-  # having computed without its tuples).
-  barriers = [gradient_gating.barrier([g for g, _ in pairs],
-                                      _name_scope(replication, tower_id))
-              for tower_id, pairs in enumerate(tower_grads)]
+  # having computed without its tuples), and for the losses they are of:
+  # a term no gradient needs (a regularizer's value) may read a variable
+  # on another device, and the step reports the loss before its update.
+  barriers = [
+      gradient_gating.barrier(
+          [g for g, _ in pairs] + _losses_of(replication, tower_id,
+                                             call_index),
+          _name_scope(replication, tower_id))
+      for tower_id, pairs in enumerate(tower_grads)]
   tower_grads = _without_empty_towers(replication, tower_grads)
 
   def apply():
@@ -281,6 +287,17 @@ def _apply_sums(replication, optimizer, call_index, global_step, name,
   replication.tower_optimizer_updates.update(created)
   replication.cloner.share(created)
   return train_op
+
+
+def _losses_of(replication, tower_id, call_index):
+  """The losses whose gradients tower `tower_id` gives its optimizer call
+  `call_index` (a copy's are the copies of tower 0's). Only those: a later
+  call's loss may be made after this call's update (a second `minimize`
+  under `control_dependencies` of the first)."""
+  if replication.towers_cloned and tower_id:
+    return [replication.cloner.get(tower_id, loss)
+            for loss in replication.losses_of_call(0, call_index)]
+  return replication.losses_of_call(tower_id, call_index)
 
 
 def _name_scope(replication, tower_id):

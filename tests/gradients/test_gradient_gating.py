@@ -315,7 +315,8 @@ class TowerGradientsTest(tf.test.TestCase, parameterized.TestCase):
   def test_gate_op_is_one_barrier_per_tower(self, tower_build):
     # One device builds GATE_OP's 28 `tuple` identities for this model.
     # Towers build none: each tower's barrier waits for its 6 gradients
-    # (3 kernels, 3 biases), and every update waits for the 3 barriers.
+    # (3 kernels, 3 biases) and its loss, and every update waits for the 3
+    # barriers.
     features, labels = _data()
     one = tf.Graph()
     with one.as_default():
@@ -332,7 +333,7 @@ class TowerGradientsTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(['CPU:0', 'CPU:1', 'CPU:2'],
                      sorted(op.device[-5:] for op in barriers))
     for barrier in barriers:
-      self.assertLen(barrier.control_inputs, 6, msg=barrier.name)
+      self.assertLen(barrier.control_inputs, 7, msg=barrier.name)
       self.assertLen({op.device for op in barrier.control_inputs}, 1)
     updates = [op for op in graph.get_operations()
                if op.type.endswith('ApplyGradientDescent')]
@@ -657,6 +658,110 @@ class AliasedReadsTest(tf.test.TestCase, parameterized.TestCase):
           replicate_fn=functools.partial(replicate.replicate_model_fn,
                                          tower_build=tower_build))
       _assert_same_variables(self, one, four)
+
+
+def _regularized_model_fn(features, labels, mode, params):
+  """16 -> 8 -> 1 with an L2 term on each kernel. The terms' values feed
+  the loss only: their gradients (2 * 0.05 * W) read W, not the terms."""
+  del params
+  regularizer = tf.keras.regularizers.l2(0.05)
+  hidden = tf1.layers.dense(
+      features['x'], 8, activation=tf.nn.relu,
+      kernel_initializer=tf1.glorot_uniform_initializer(seed=1),
+      kernel_regularizer=regularizer, name='hidden')
+  logits = tf1.layers.dense(
+      hidden, 1, kernel_initializer=tf1.glorot_uniform_initializer(seed=2),
+      kernel_regularizer=regularizer, name='logits')
+  loss = (tf1.losses.sigmoid_cross_entropy(labels, logits) +
+          tf1.losses.get_regularization_loss())
+  train_op = replicate.TowerOptimizer(
+      tf1.train.GradientDescentOptimizer(0.5)).minimize(
+          loss, tf1.train.get_global_step())
+  return tf1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def _forward_readers(variable_op):
+  """The ops outside `gradients` scopes that read `variable_op`'s value,
+  directly or through ops that may alias its buffer."""
+  aliases = [variable_op]
+  readers = []
+  for op in aliases:
+    for consumer in [c for t in op.outputs for c in t.consumers()]:
+      if consumer.type in _ALIASING_OP_TYPES:
+        if consumer not in aliases:
+          aliases.append(consumer)
+      elif 'gradients' not in consumer.name and consumer not in readers:
+        readers.append(consumer)
+  return readers
+
+
+class LossReadsTest(tf.test.TestCase, parameterized.TestCase):
+  """The loss a step reports reads the variables before the step's update.
+
+  A regularizer's value is in the loss, but no gradient needs it: only the
+  towers' barriers order its reads (a copy's on the copy's device) before
+  the update. Before 2026-11-29 they did not, and on TF 1.15 the loss of
+  copied towers came out of the updated weights in 5 of 20 runs (1.597779
+  where calls report 1.598755), the weights being equal.
+  """
+
+  @parameterized.named_parameters(
+      ('cloned', replicate.TowerBuild.CLONE, None),
+      ('per_tower', replicate.TowerBuild.CALL_PER_TOWER, None),
+      ('replicated', replicate.TowerBuild.CLONE,
+       replicate.VariablePlacement.REPLICATED))
+  def test_update_waits_for_every_read_of_the_loss(self, tower_build,
+                                                   placement):
+    features, labels = _data()
+    graph = tf.Graph()
+    with graph.as_default():
+      tf1.train.get_or_create_global_step()
+      kwargs = {} if placement is None else {'variable_placement': placement}
+      spec = replicate.replicate_model_fn(
+          _regularized_model_fn, devices=mt.cpus(4), tower_build=tower_build,
+          **kwargs)({'x': tf.constant(features['x'])}, tf.constant(labels),
+                    mt.TRAIN, {})
+    in_loss = _ancestors([spec.loss.op])
+    squares = 0
+    for update in graph.get_operations():
+      if not update.type.endswith('ApplyGradientDescent'):
+        continue
+      needed = _ancestors([update])
+      readers = [op for op in _forward_readers(update.inputs[0].op)
+                 if op.name in in_loss]
+      self.assertFalse([op.name for op in readers if op.name not in needed],
+                       msg=update.name)
+      squares += len([op for op in readers
+                      if op.type in ('Square', 'L2Loss')])
+    # The regularizer squares each kernel once per call (a `Square` on
+    # TF 1.15, an `L2Loss` on TF 2.15): once with towers
+    # built by calls (towers 1-3 reuse tower 0's term, as contrib's), once
+    # per tower in copies, of the tower's own kernel under REPLICATED.
+    self.assertEqual(
+        2 if tower_build == replicate.TowerBuild.CALL_PER_TOWER else 2 * 4,
+        squares)
+
+  @parameterized.named_parameters(('cloned', replicate.TowerBuild.CLONE),
+                                  ('per_tower',
+                                   replicate.TowerBuild.CALL_PER_TOWER))
+  def test_reported_loss_is_of_the_weights_before_the_step(self,
+                                                           tower_build):
+    # The loss of a step equals the loss of the weights it starts from,
+    # evaluated without training: one device's, 3 steps in a row.
+    features, labels = _data()
+    graph = tf.Graph()
+    with graph.as_default():
+      tf1.train.get_or_create_global_step()
+      spec = replicate.replicate_model_fn(
+          _regularized_model_fn, devices=mt.cpus(4),
+          tower_build=tower_build)({'x': tf.constant(features['x'])},
+                                   tf.constant(labels), mt.TRAIN, {})
+      with tf1.Session(config=testing.virtual_cpu_config(4)) as sess:
+        sess.run(tf1.global_variables_initializer())
+        for _ in range(3):
+          before = sess.run(spec.loss)
+          _, reported = sess.run([spec.train_op, spec.loss])
+          self.assertEqual(before, reported)
 
 
 def _variable_of(tensor):
