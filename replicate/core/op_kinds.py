@@ -83,6 +83,12 @@ SUMMARY_WRITE_OP_TYPES = frozenset([
     'WriteImageSummary', 'WriteAudioSummary', 'WriteRawProtoSummary',
     'WriteGraphSummary', 'ImportEvent'])
 
+# TF 1 summary ops (`tf.compat.v1.summary.*`): they make a `Summary` proto
+# whose tag is the name scope they were made in.
+SUMMARY_V1_OP_TYPES = frozenset([
+    'ScalarSummary', 'HistogramSummary', 'ImageSummary', 'AudioSummary',
+    'AudioSummaryV2', 'TensorSummary', 'TensorSummaryV2', 'MergeSummary'])
+
 # Ops that read a checkpoint (a `Saver`'s restore).
 RESTORE_OP_TYPES = frozenset(['RestoreV2', 'Restore', 'RestoreSlice'])
 

@@ -124,10 +124,20 @@ _SUMMARY_REASON = (
     "copies of its summary ops would record in every replica")
 
 
+_SUMMARY_V1_REASON = (
+    'the function makes a tf.compat.v1.summary op ({}): each call tags its '
+    "summary with its replica's name scope (replica_1/...) and adds it to "
+    "the SUMMARIES collection, where copies would repeat replica 0's tag "
+    'and add nothing')
+
+
 def reason_summaries_written(ops):
   """Why replicas cannot be copies, given replica 0's new `ops`, or None."""
   if any(op.type in op_kinds.SUMMARY_WRITE_OP_TYPES for op in ops):
     return _SUMMARY_REASON
+  for op in ops:
+    if op.type in op_kinds.SUMMARY_V1_OP_TYPES:
+      return _SUMMARY_V1_REASON.format(op.name)
   return None
 
 

@@ -271,6 +271,29 @@ class ReplicaCopiesTest(tf.test.TestCase, parameterized.TestCase):
             'records.*CALL_PER_REPLICA'):
           strategy.run(fn)
 
+  def test_tf1_summaries_are_an_error(self):
+    # Calls make replica_1/loss, ... beside replica 0's `loss` and add each
+    # to SUMMARIES; copies would repeat the tag `loss` and add none.
+    with tf.Graph().as_default():
+      strategy = replicate.MirroredStrategy(DEVICES, replica_build=CLONE)
+
+      def fn():
+        return tf1.summary.scalar('loss', tf.constant(1.0))
+
+      with self.assertRaisesRegex(
+          errors.InvalidArgumentError,
+          r'the function makes a tf.compat.v1.summary op \(loss\): each '
+          r'call tags.*CALL_PER_REPLICA'):
+        strategy.run(fn)
+
+  def test_tf1_summaries_of_calls_are_tagged_per_replica(self):
+    with tf.Graph().as_default():
+      strategy = replicate.MirroredStrategy(DEVICES,
+                                            replica_build=PER_REPLICA)
+      strategy.run(lambda: tf1.summary.scalar('loss', tf.constant(1.0)))
+      self.assertLen(tf1.get_collection(tf1.GraphKeys.SUMMARIES),
+                     len(DEVICES))
+
   def test_variable_created_after_a_merge(self):
     # After an all-reduce of [1, 2, 3, 4] (sum 10), each replica creates
     # (replica 0) or takes (calls) v and returns sum(v * x_i) * 10 with
