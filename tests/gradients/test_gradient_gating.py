@@ -58,16 +58,18 @@ def _data(batch_size=8):
   return mt.data(batch_size=batch_size, num_features=16)
 
 
-def _build(graph, devices, params, tower_build=replicate.TowerBuild.CLONE):
-  """Builds the replicated train_op in `graph`; returns the EstimatorSpec."""
+def _build(graph, devices, params, tower_build=replicate.TowerBuild.CLONE,
+           model_fn=None, **kwargs):
+  """Builds the replicated train_op of `model_fn` (`_wide_model_fn` by
+  default) in `graph`; returns the EstimatorSpec."""
   features, labels = _data()
   with graph.as_default():
     tf1.set_random_seed(0)
     tf1.train.get_or_create_global_step()
     return replicate.replicate_model_fn(
-        _wide_model_fn, devices=devices, tower_build=tower_build)(
-            {'x': tf.constant(features['x'])}, tf.constant(labels), mt.TRAIN,
-            params)
+        model_fn or _wide_model_fn, devices=devices, tower_build=tower_build,
+        **kwargs)({'x': tf.constant(features['x'])}, tf.constant(labels),
+                  mt.TRAIN, params)
 
 
 def _reads_of(graph, variable):
@@ -712,15 +714,10 @@ class LossReadsTest(tf.test.TestCase, parameterized.TestCase):
        replicate.VariablePlacement.REPLICATED))
   def test_update_waits_for_every_read_of_the_loss(self, tower_build,
                                                    placement):
-    features, labels = _data()
     graph = tf.Graph()
-    with graph.as_default():
-      tf1.train.get_or_create_global_step()
-      kwargs = {} if placement is None else {'variable_placement': placement}
-      spec = replicate.replicate_model_fn(
-          _regularized_model_fn, devices=mt.cpus(4), tower_build=tower_build,
-          **kwargs)({'x': tf.constant(features['x'])}, tf.constant(labels),
-                    mt.TRAIN, {})
+    kwargs = {} if placement is None else {'variable_placement': placement}
+    spec = _build(graph, mt.cpus(4), {}, tower_build,
+                  model_fn=_regularized_model_fn, **kwargs)
     in_loss = _ancestors([spec.loss.op])
     squares = 0
     for update in graph.get_operations():
@@ -748,14 +745,10 @@ class LossReadsTest(tf.test.TestCase, parameterized.TestCase):
                                                            tower_build):
     # The loss of a step equals the loss of the weights it starts from,
     # evaluated without training: one device's, 3 steps in a row.
-    features, labels = _data()
     graph = tf.Graph()
+    spec = _build(graph, mt.cpus(4), {}, tower_build,
+                  model_fn=_regularized_model_fn)
     with graph.as_default():
-      tf1.train.get_or_create_global_step()
-      spec = replicate.replicate_model_fn(
-          _regularized_model_fn, devices=mt.cpus(4),
-          tower_build=tower_build)({'x': tf.constant(features['x'])},
-                                   tf.constant(labels), mt.TRAIN, {})
       with tf1.Session(config=testing.virtual_cpu_config(4)) as sess:
         sess.run(tf1.global_variables_initializer())
         for _ in range(3):
