@@ -396,7 +396,10 @@ def forward_counter(features, labels, mode, params):
                           initializer=tf1.zeros_initializer(),
                           trainable=False)
   rows = tf.cast(tf.shape(features['x'])[0], tf.float32)
-  with tf.control_dependencies([tf1.assign_add(seen, rows)]):
+  # Locked: the towers add at once, and an unlocked add to a TF 1.15
+  # reference variable can lose one (with calls as well).
+  with tf.control_dependencies([tf1.assign_add(seen, rows,
+                                               use_locking=True)]):
     x = tf.identity(features['x'])
   return _head(x, mode, labels, params)
 

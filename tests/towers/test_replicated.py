@@ -553,8 +553,9 @@ class ReplicatedMisuseTest(tf.test.TestCase):
                               initializer=tf1.zeros_initializer())
       x = features['x']
       if write == 'forward':  # a counter of rows in the forward pass
+        # Locked: the towers add at once (see test_copy_fidelity).
         with tf1.control_dependencies([tf1.assign_add(
-            seen, tf.cast(tf.shape(x)[0], tf.float32))]):
+            seen, tf.cast(tf.shape(x)[0], tf.float32), use_locking=True)]):
           x = tf.identity(x)
       logits = tf1.layers.dense(x, 1, name='out')
       loss = tf1.losses.sigmoid_cross_entropy(labels, logits)

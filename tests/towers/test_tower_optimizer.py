@@ -152,7 +152,10 @@ def _dense(x):
 def _counter(name, rows):
   counter = tf1.get_variable(name, [], tf.float32, trainable=False,
                              initializer=tf1.zeros_initializer())
-  return tf1.assign_add(counter, tf.cast(tf.shape(rows)[0], tf.float32))
+  # Locked: the towers add at once, and an unlocked add to a TF 1.15
+  # reference variable can lose one (with calls as well).
+  return tf1.assign_add(counter, tf.cast(tf.shape(rows)[0], tf.float32),
+                        use_locking=True)
 
 
 def _counted_model_fn(features, labels, mode, params):

@@ -913,7 +913,10 @@ def _every_tower_writes_model_fn(features, labels, mode, params):
       mean *= features['scale']  # a scalar feature: every tower's
     updates = [tf1.assign(state, 0.9 * state + 0.1 * mean)
                if params['write'].endswith('moving_mean') else
-               tf1.assign_add(state, tf.cast(tf.shape(x)[0], tf.float32))]
+               # Locked: the towers add at once, and TF 1.15's unlocked add
+               # to a reference variable can lose one (with calls as well).
+               tf1.assign_add(state, tf.cast(tf.shape(x)[0], tf.float32),
+                              use_locking=True)]
     if params['write'] == 'scatter_mean':
       table = tf1.get_variable('table', [2, 3], trainable=False,
                                initializer=tf1.zeros_initializer())

@@ -34,9 +34,11 @@ def _model_fn(features, labels, mode, params):
   shared = tf1.get_variable('shared', [], trainable=False,
                             initializer=tf1.zeros_initializer())
   rows = tf.cast(tf.shape(features['x'])[0], tf.float32)
-  writes = [tf1.assign_add(shared, rows)]
+  # Locked: the towers add at once, and an unlocked add to a TF 1.15
+  # reference variable can lose one (with calls as well).
+  writes = [tf1.assign_add(shared, rows, use_locking=True)]
   if params.get('write_made', True):
-    writes.append(tf1.assign_add(made, rows))
+    writes.append(tf1.assign_add(made, rows, use_locking=True))
   with tf.control_dependencies(writes):
     x = tf.identity(features['x'])
   first = tf1.get_variable('first', [3, 1],
