@@ -6,6 +6,7 @@ branch is made of. Imports nothing of the package but `_compat`.
 """
 import tensorflow as tf
 
+from replicate import _compat
 from replicate._compat import tf1
 
 # Ops that read a variable without copying it: a reference variable's
@@ -115,7 +116,9 @@ def is_variable(tensor):
 
 def variable_writes(variable_op, within=None):
   """The ops that write the variable of `variable_op` (its ref or handle
-  followed through identities and control flow).
+  followed through identities and control flow). A call of functions (a
+  TF 2 `cond` or `while_loop`, a `tf.function`) that only read the handle
+  or pass it on is no write; one whose functions cannot be read is.
 
   Args:
     variable_op: a `VariableV2` or `VarHandleOp`.
@@ -124,6 +127,7 @@ def variable_writes(variable_op, within=None):
   writes = []
   pending = [variable_op.outputs[0]]
   seen = set()
+  bodies = {}
   while pending:
     tensor = pending.pop()
     for op in tensor.consumers():
@@ -137,9 +141,109 @@ def variable_writes(variable_op, within=None):
         continue  # takes the ref's value: a read
       if op.type in VARIABLE_FORWARD_OP_TYPES:
         pending.extend(t for t in op.outputs if is_variable(t))
-      else:
+        continue
+      returned = _call_passes_on(op, tensor, bodies)
+      if returned is None:
         writes.append(op)
+      else:
+        pending.extend(op.outputs[i] for i in returned)
   return writes
+
+
+def _called(graph, node_def, index):
+  """The names of the functions that get input `index` of the call
+  `node_def` (a `NodeDef`), and the argument it is there; ([], None) where
+  it is no function's argument (a branch index), None if not a call."""
+  op_type = node_def.op
+  attr = node_def.attr
+  if op_type in ('If', 'StatelessIf', 'Case', 'StatelessCase'):
+    if index == 0:
+      return [], None
+    if op_type.endswith('If'):
+      names = [attr['then_branch'].func.name, attr['else_branch'].func.name]
+    else:
+      names = [func.name for func in attr['branches'].list.func]
+    return names, index - 1
+  if op_type in ('While', 'StatelessWhile'):
+    return [attr['cond'].func.name, attr['body'].func.name], index
+  if op_type in ('PartitionedCall', 'StatefulPartitionedCall'):
+    return [attr['f'].func.name], index
+  if _compat.is_graph_function(graph, op_type):
+    return [op_type], index
+  return None
+
+
+def _call_passes_on(op, tensor, bodies):
+  """Where the function call `op` only reads the variable `tensor` (a
+  resource handle): the indices of its outputs that are the handle again
+  (a loop's variable, a branch returning it). None where a function may
+  write it, or cannot be read: a write, to be safe. `bodies` memoizes
+  (function name, argument) across calls."""
+  if tensor.dtype != tf.resource:
+    return None
+  returned = set()
+  for index, source in enumerate(op.inputs):
+    if source is not tensor:
+      continue
+    called = _called(op.graph, op.node_def, index)
+    if called is None:
+      return None
+    for name in called[0]:
+      results = _passed_on(op.graph, name, called[1], bodies)
+      if results is None:
+        return None
+      returned.update(results)
+  if not returned <= set(range(len(op.outputs))):
+    return None
+  return sorted(returned)
+
+
+def _passed_on(graph, name, index, bodies):
+  """`_argument_passed_on`, memoized in `bodies` by (function, argument); a
+  recursive call is None, a write, to be safe."""
+  key = (name, index)
+  if key not in bodies:
+    bodies[key] = None
+    bodies[key] = _argument_passed_on(graph, name, index, bodies)
+  return bodies[key]
+
+
+def _argument_passed_on(graph, name, index, bodies):
+  """What function `name`'s argument `index` (a resource handle) becomes:
+  the indices of the function's results that are the handle, where the
+  body only reads it, passes it on or calls functions that do; else
+  None."""
+  definition = _compat.graph_function_def(graph, name)
+  if definition is None or index >= len(definition.signature.input_arg):
+    return None
+  consumers = {}
+  for node in definition.node_def:
+    for position, source in enumerate(node.input):
+      consumers.setdefault(source, []).append((node, position))
+  names = set()
+  pending = [definition.signature.input_arg[index].name]
+  while pending:
+    source = pending.pop()
+    if source in names:
+      continue
+    names.add(source)
+    for node, position in consumers.get(source, ()):
+      if node.op in VARIABLE_READER_OP_TYPES:
+        continue
+      if node.op in ('Identity', 'IdentityN'):
+        pending.append(_output_name(
+            graph, node, position if node.op == 'IdentityN' else 0))
+        continue
+      called = _called(graph, node, position)
+      if called is None:
+        return None
+      for nested in called[0]:
+        results = _passed_on(graph, nested, called[1], bodies)
+        if results is None:
+          return None
+        pending.extend(_output_name(graph, node, i) for i in results)
+  return [i for i, arg in enumerate(definition.signature.output_arg)
+          if definition.ret[arg.name] in names]
 
 
 def backward_cone(ops):
@@ -190,3 +294,13 @@ def variable_snapshot(variable):
   if not is_plain_read(op) or op.inputs[0].op is not variable.op:
     return None
   return tensor
+
+
+def _output_name(graph, node_def, index):
+  """How a function body names output `index` of its node `node_def`: by
+  the op's output argument, which is `output` for identities, control flow
+  and calls, and the function's own result names for a call by name."""
+  if _compat.is_graph_function(graph, node_def.op):
+    results = _compat.graph_function_def(graph, node_def.op).signature
+    return '{}:{}:0'.format(node_def.name, results.output_arg[index].name)
+  return '{}:output:{}'.format(node_def.name, index)

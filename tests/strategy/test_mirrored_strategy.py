@@ -1703,5 +1703,67 @@ class ContribConstructorTest(parameterized.TestCase, tf.test.TestCase):
       replicate.MirroredStrategy(['/cpu:0', '/cpu:1', '/cpu:0'])
 
 
+class FunctionReadsTest(parameterized.TestCase, tf.test.TestCase):
+  """A replica that reads its copy of a mirrored variable inside a function
+  (a `tf.function`'s call, TF 2's `cond`) does not write it: it trains as
+  one device. Before: refused on TF 2.15 ("cond (If) writes the copy of
+  mirrored variable w"), where TF's own strategy trains it."""
+
+  def _train(self, reader, optimizer_fn, build=None):
+    """w and b after 3 steps: one device where `build` is None."""
+
+    def loss_fn(x, y, replicas):
+      w = tf1.get_variable('w', initializer=np.array(
+          [[0.5], [-0.3], [0.2]], np.float32))
+      b = tf1.get_variable('b', initializer=np.array([0.1], np.float32))
+      if reader == 'function':
+        penalty = tf.function(
+            lambda: tf.reduce_sum(tf.square(w.read_value())))()
+      else:  # TF 2: an `If` given w's handle; TF 1: Switch and Merge.
+        penalty = tf.cond(
+            tf.reduce_sum(x) > -100.0,
+            lambda: tf.reduce_sum(tf.square(w.read_value())),
+            lambda: tf.constant(0.0))
+      # The replicas' penalties add up to one device's: 0.1 * sum(w^2).
+      return (tf.reduce_sum(tf.square(tf.matmul(x, w) + b - y)) / _BATCH +
+              0.1 * penalty / replicas)
+
+    with tf.Graph().as_default():
+      if build is None:
+        train = optimizer_fn().minimize(
+            loss_fn(tf.constant(_X), tf.constant(_Y), 1))
+        initialize = []
+      else:
+        strategy = _strategy(replica_build=build)
+        iterator = strategy.make_dataset_iterator(_dataset())
+        initialize = [iterator.initialize()]
+        with strategy.scope():
+          train = strategy.group(strategy.experimental_run(
+              lambda inputs: replicate.TowerOptimizer(optimizer_fn()).minimize(
+                  loss_fn(inputs[0], inputs[1], NUM)), iterator))
+      variables = [v for v in tf1.global_variables()
+                   if v.op.name in ('w', 'b')]
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run([tf1.global_variables_initializer()] + initialize)
+        for _ in range(3):
+          sess.run(train)
+        return sess.run(variables)
+
+  @parameterized.product(
+      reader=['function', 'cond'],
+      optimizer=[('sgd', lambda: tf1.train.GradientDescentOptimizer(_LR)),
+                 ('adam', lambda: tf1.train.AdamOptimizer(_LR))])
+  def test_a_function_reading_the_copy_trains_as_one_device(self, reader,
+                                                            optimizer):
+    _, optimizer_fn = optimizer
+    single = self._train(reader, optimizer_fn)
+    called = self._train(reader, optimizer_fn,
+                         replicate.ReplicaBuild.CALL_PER_REPLICA)
+    cloned = self._train(reader, optimizer_fn, replicate.ReplicaBuild.CLONE)
+    for one, calls, copies in zip(single, called, cloned):
+      self.assertAllClose(one, calls, rtol=1e-6, atol=1e-7)
+      self.assertAllEqual(calls, copies)
+
+
 if __name__ == '__main__':
   tf.test.main()
