@@ -192,6 +192,12 @@ def map_shares(copier, replica_id, first_share, share,
   """
   for a, b in zip(tf.nest.flatten(first_share), tf.nest.flatten(share)):
     if a is b:
+      read = _read_in_copies(copier, replica_id, a)
+      if read is not None:
+        return ('{} one value for every replica ({}), which copies of replica '
+                "0 would take for replica 0's own and read replica {}'s in its "
+                'place ({}), where every call reads the one value'.format(
+                    source, read[0].name, replica_id, read[1].name))
       continue
     if isinstance(a, tf.IndexedSlices) and isinstance(b, tf.IndexedSlices):
       pairs = [(a.values, b.values), (a.indices, b.indices)]
@@ -211,3 +217,18 @@ def map_shares(copier, replica_id, first_share, share,
     for original, copy in pairs:
       copier.set_copy(replica_id, original, copy)
   return None
+
+
+def _read_in_copies(copier, replica_id, value):
+  """(what replica 0 reads of `value`, what copy `replica_id` would read in
+  its place) where they differ, else None. A variable is read through its
+  handle (a resource variable, an update's result) or its ref: one of
+  replica 0's copies of a mirrored variable is its own copy to replica 0,
+  which copies map to theirs."""
+  if isinstance(value, tf.Variable):
+    handle = getattr(value, 'handle', None)
+    value = value.op.outputs[0] if handle is None else handle
+  if not isinstance(value, (tf.Tensor, tf.Operation)):
+    return None
+  read = copier.get(replica_id, value)
+  return None if read is value else (value, read)

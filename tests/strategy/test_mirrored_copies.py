@@ -353,5 +353,57 @@ class ReplicaCopiesTest(tf.test.TestCase, parameterized.TestCase):
       replicate.MirroredStrategy(DEVICES, replica_build='clone')
 
 
+class SharedMergeValueTest(tf.test.TestCase, parameterized.TestCase):
+  """A merge_call that hands every replica one value which replica 0 also
+  holds as its own (its copy of a mirrored variable, its input): every call
+  reads that value, where copies would read their replica's own. CLONE
+  refuses; before, copy i read its own silently."""
+
+  def _run(self, build, handed):
+    """Every replica's sum of what the merge handed it, over 2 steps."""
+    with tf.Graph().as_default():
+      strategy = replicate.MirroredStrategy(DEVICES, replica_build=build)
+      with strategy.scope():
+        v = tf1.get_variable('v', initializer=[1.0, 2.0, 3.0],
+                             use_resource=True)
+
+        def fn(x):
+          def merge_fn(strategy, x):
+            if handed == 'updates':
+              # The tuple of every copy's update result (resource variables
+              # read after their update), the same tuple for every replica.
+              return strategy.extended.update(
+                  v, lambda copy: copy.assign_add(tf.ones([3])),
+                  group=False)
+            return strategy.experimental_local_results(x)[0]
+          return tf.reduce_sum(
+              replicate.get_replica_context().merge_call(merge_fn,
+                                                         args=(x,)))
+        x = values.PerReplica({d: tf.constant([10.0 * (i + 1)])
+                               for i, d in enumerate(DEVICES)})
+        result = list(strategy.experimental_local_results(
+            strategy.run(fn, args=(x,))))
+      with tf1.Session(config=CONFIG) as sess:
+        sess.run(tf1.global_variables_initializer())
+        return [sess.run(result) for _ in range(2)]
+
+  @parameterized.parameters(
+      # Step 1: each of the 4 copies is [2, 3, 4] (9); step 2 [3, 4, 5].
+      ('updates', r'\(v:0\), which copies of replica 0 would take for replica '
+       r"0's own and read replica 1's in its place \(v/replica_1:0\)",
+       [[36.0] * NUM, [48.0] * NUM]),
+      # Replica 0's input, [10], in every replica.
+      ('first_input', r'\(Const:0\), which copies .* \(Const_1:0\)',
+       [[10.0] * NUM] * 2))
+  def test_one_value_for_every_replica_is_an_error(self, handed, words,
+                                                   expected):
+    with self.assertRaisesRegex(
+        errors.InvalidArgumentError,
+        r'but a merge_call handed the replicas one value for every replica '
+        + words + r'.*CALL_PER_REPLICA'):
+      self._run(CLONE, handed)
+    self.assertAllEqual(expected, self._run(PER_REPLICA, handed))
+
+
 if __name__ == '__main__':
   tf.test.main()
