@@ -242,6 +242,13 @@ def _op_name(op):
   return op.name
 
 
+# The collections every call of a replica function adds its own entries to,
+# which `CLONE` adds the copies' entries to: batch normalization's updates
+# and tf.compat.v1.losses' losses. (A regularizer's loss is added where its
+# variable is made, by replica 0 alone in either build.)
+_PER_CALL_COLLECTIONS = (tf1.GraphKeys.UPDATE_OPS, tf1.GraphKeys.LOSSES)
+
+
 class _Copies(object):
   """Replicas 1..N-1 as copies of replica 0 (mirrored_copies.py)."""
 
@@ -262,7 +269,9 @@ class _Copies(object):
     self.copier = mirrored_copies.ReplicaCopier(
         graph, devices, len(graph.get_operations()), replica_inputs)
     self.merge_ops = set()
-    self.first_update = len(graph.get_collection(tf1.GraphKeys.UPDATE_OPS))
+    # How far each per-call collection held entries at the last sync point.
+    self.collected = {key: len(graph.get_collection(key))
+                      for key in _PER_CALL_COLLECTIONS}
     # Replica 0 raises where it asks its replica id (mirrored_run.py).
     threads[0].copying = True
 
@@ -277,6 +286,7 @@ class _Copies(object):
           self.copier.reason_python_state(ops))
       self.copier.map_mirrored(self.mirrored_variables())
       self._map_scope_lookups(first)
+      self._collect_copies()
       if first.done:
         return self._results(loop.container_of)
       self._merge(loop, first)
@@ -326,24 +336,31 @@ class _Copies(object):
           mirrored_copies.map_shares(copier, i, shares[0], shares[i]))
     first.merge_result = shares[0]
 
+  def _collect_copies(self):
+    """Adds each copy's entries to the per-call collections where replica 0
+    added its own since the last sync point: each call adds its own (batch
+    normalization's moving-statistics updates, a `tf.compat.v1.losses`
+    loss), replica after replica before the merge runs."""
+    for key in _PER_CALL_COLLECTIONS:
+      entries = [e for e in self.graph.get_collection(key)[
+          self.collected[key]:] if _op_of(e) not in self.merge_ops]
+      self.copier.clone(mirrored_copies.tensors_of(entries))
+      for i in range(1, len(self.devices)):
+        for entry in entries:
+          copy = mirrored_copies.copy_of(self.copier, i, entry)
+          if copy is not entry:
+            self.graph.add_to_collection(key, copy)
+      self.collected[key] = len(self.graph.get_collection(key))
+
   def _results(self, container_of):
     """Every replica's results: replica 0's, and their copies."""
     first = self.threads[0]
     copier = self.copier
-    updates = [u for u in self.graph.get_collection(
-        tf1.GraphKeys.UPDATE_OPS)[self.first_update:]
-               if _op_of(u) not in self.merge_ops]
-    copier.clone(mirrored_copies.tensors_of((first.result, updates)))
+    copier.clone(mirrored_copies.tensors_of(first.result))
     results = [first.result]
     for i in range(1, len(self.devices)):
       results.append(_own_copies(
           mirrored_copies.copy_of(copier, i, first.result), i, container_of))
-      # Each replica's own updates (e.g. batch normalization's moving
-      # statistics), as its own call would have added them.
-      for update in updates:
-        copy = mirrored_copies.copy_of(copier, i, update)
-        if copy is not update:
-          self.graph.add_to_collection(tf1.GraphKeys.UPDATE_OPS, copy)
     return mirrored_run.regroup(self.devices, results, container_of)
 
 

@@ -221,6 +221,39 @@ class CloneReplicaLoopTest(tf.test.TestCase):
                               msg=build)
 
 
+  def test_clone_adds_each_replicas_losses_in_call_order(self):
+    # Each replica adds a tf.compat.v1.losses loss, merges (an all-reduce),
+    # and adds a second one. Calls add, before each merge, replica 0's
+    # entry, then replica 1's: with x = 1, 2, the losses
+    # (x - 3)^2 = [4, 1] and then (2x - 3)^2 = [1, 1]. Copies must add
+    # theirs there too, each reading its own x; before, LOSSES held replica
+    # 0's two entries alone.
+    def fn(x):
+      tf1.losses.mean_squared_error([[3.0]], [[x]])
+      total = replicate.get_replica_context().all_reduce(
+          replicate.ReduceOp.SUM, x)  # 3
+      tf1.losses.mean_squared_error([[total]], [[2.0 * x]])
+      return x
+
+    got = {}
+    for build in (replicate.ReplicaBuild.CALL_PER_REPLICA, CLONE):
+      with tf.Graph().as_default():
+        strategy = replicate.MirroredStrategy(DEVICES, replica_build=build)
+        strategy.run(fn, args=(_per_replica(tf.constant(1.0),
+                                            tf.constant(2.0)),))
+        losses = tf1.losses.get_losses()
+        self.assertLen(losses, 2 * NUM, build)
+        self.assertEqual(
+            [0, 1] * 2,
+            [tf.DeviceSpec.from_string(t.device).device_index
+             for t in losses], build)
+        with tf1.Session(config=CONFIG) as sess:
+          got[build] = sess.run(losses)
+    self.assertAllEqual([4.0, 1.0, 1.0, 1.0], got[CLONE])
+    self.assertAllEqual(got[replicate.ReplicaBuild.CALL_PER_REPLICA],
+                        got[CLONE])
+
+
 def _fn_of_shape(calls):
   def fn(x):
     calls.append(1)
