@@ -340,16 +340,18 @@ class _Copies(object):
     """Adds each copy's entries to the per-call collections where replica 0
     added its own since the last sync point: each call adds its own (batch
     normalization's moving-statistics updates, a `tf.compat.v1.losses`
-    loss), replica after replica before the merge runs."""
+    loss), replica after replica before the merge runs. Entries the merge
+    function added are added once, as in calls."""
     for key in _PER_CALL_COLLECTIONS:
       entries = [e for e in self.graph.get_collection(key)[
           self.collected[key]:] if _op_of(e) not in self.merge_ops]
       self.copier.clone(mirrored_copies.tensors_of(entries))
       for i in range(1, len(self.devices)):
         for entry in entries:
-          copy = mirrored_copies.copy_of(self.copier, i, entry)
-          if copy is not entry:
-            self.graph.add_to_collection(key, copy)
+          # A value shared by every replica (made before the run) is its own
+          # copy: each call adds it again, and so does each copy.
+          self.graph.add_to_collection(
+              key, mirrored_copies.copy_of(self.copier, i, entry))
       self.collected[key] = len(self.graph.get_collection(key))
 
   def _results(self, container_of):
