@@ -286,10 +286,10 @@ class _Copies(object):
           self.copier.reason_python_state(ops))
       self.copier.map_mirrored(self.mirrored_variables())
       self._map_scope_lookups(first)
-      self._collect_copies()
+      entries = self._new_entries()
       if first.done:
-        return self._results(loop.container_of)
-      self._merge(loop, first)
+        return self._results(loop.container_of, entries)
+      self._merge(loop, first, entries)
 
   def _map_scope_lookups(self, first):
     """Copy i reads replica i's value where replica 0 read its own by its
@@ -309,11 +309,13 @@ class _Copies(object):
             source='the replica function read, by its device scope, '
                    'per-device'))
 
-  def _merge(self, loop, first):
+  def _merge(self, loop, first, entries):
     copier = self.copier
+    # One import per sync point: what the merge reads and the collections'.
     copier.clone(mirrored_copies.tensors_of(
-        (first.merge_args, first.merge_kwargs)) +
+        (first.merge_args, first.merge_kwargs, entries)) +
                  sorted(first.captured_control_deps, key=_op_name))
+    self._add_copies(entries)
     count = len(self.devices)
     merge_args = [first.merge_args] + [
         mirrored_copies.copy_of(copier, i, first.merge_args)
@@ -336,29 +338,34 @@ class _Copies(object):
           mirrored_copies.map_shares(copier, i, shares[0], shares[i]))
     first.merge_result = shares[0]
 
-  def _collect_copies(self):
-    """Adds each copy's entries to the per-call collections where replica 0
-    added its own since the last sync point: each call adds its own (batch
-    normalization's moving-statistics updates, a `tf.compat.v1.losses`
-    loss), replica after replica before the merge runs. Entries the merge
-    function added are added once, as in calls."""
-    for key in _PER_CALL_COLLECTIONS:
-      entries = [e for e in self.graph.get_collection(key)[
-          self.collected[key]:] if _op_of(e) not in self.merge_ops]
-      self.copier.clone(mirrored_copies.tensors_of(entries))
+  def _new_entries(self):
+    """What replica 0 added to each per-call collection since the last sync
+    point, by key; entries the merge function added are left out (added
+    once, as in calls)."""
+    return {key: [e for e in self.graph.get_collection(key)[
+        self.collected[key]:] if _op_of(e) not in self.merge_ops]
+            for key in _PER_CALL_COLLECTIONS}
+
+  def _add_copies(self, entries):
+    """Adds each copy's `entries` (cloned) where replica 0 added its own:
+    each call adds its own (batch normalization's moving-statistics
+    updates, a `tf.compat.v1.losses` loss), replica after replica before
+    the merge runs."""
+    for key, added in sorted(entries.items()):
       for i in range(1, len(self.devices)):
-        for entry in entries:
+        for entry in added:
           # A value shared by every replica (made before the run) is its own
           # copy: each call adds it again, and so does each copy.
           self.graph.add_to_collection(
               key, mirrored_copies.copy_of(self.copier, i, entry))
       self.collected[key] = len(self.graph.get_collection(key))
 
-  def _results(self, container_of):
+  def _results(self, container_of, entries):
     """Every replica's results: replica 0's, and their copies."""
     first = self.threads[0]
     copier = self.copier
-    copier.clone(mirrored_copies.tensors_of(first.result))
+    copier.clone(mirrored_copies.tensors_of((first.result, entries)))
+    self._add_copies(entries)
     results = [first.result]
     for i in range(1, len(self.devices)):
       results.append(_own_copies(
