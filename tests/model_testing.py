@@ -116,3 +116,18 @@ def run_spec(spec, mode, steps=3, metric_updates=1, num_cpus=4):
 
 def cpus(n):
   return replicate.testing.virtual_cpu_devices(n)
+
+
+def ancestors(ops):
+  """Names of every op `ops` depend on (data and control inputs), `ops`
+  included."""
+  seen = set()
+  stack = list(ops)
+  while stack:
+    op = stack.pop()
+    if op.name in seen:
+      continue
+    seen.add(op.name)
+    stack.extend(t.op for t in op.inputs)
+    stack.extend(op.control_inputs)
+  return seen

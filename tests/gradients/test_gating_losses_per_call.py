@@ -35,19 +35,6 @@ def _two_calls_model_fn(features, labels, mode, params):
                                      train_op=train_b)
 
 
-def _ancestors(ops):
-  seen = set()
-  stack = list(ops)
-  while stack:
-    op = stack.pop()
-    if op.name in seen:
-      continue
-    seen.add(op.name)
-    stack.extend(t.op for t in op.inputs)
-    stack.extend(op.control_inputs)
-  return seen
-
-
 class LossesPerCallTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(('cloned', replicate.TowerBuild.CLONE),
@@ -73,7 +60,7 @@ class LossesPerCallTest(tf.test.TestCase, parameterized.TestCase):
       penalties = sorted(op.name for op in graph.get_operations()
                          if op.name.endswith('penalty_' + name))
       self.assertLen(penalties, 3, msg=penalties)
-      needed = _ancestors([update])
+      needed = mt.ancestors([update])
       self.assertEqual([], [p for p in penalties if p not in needed],
                        msg=name)
 

@@ -105,21 +105,7 @@ def _ops_its_update_needs(graph, variable):
                if op.type.endswith('ApplyGradientDescent') and
                op.inputs[0].op is variable.op]
   assert len(apply_ops) == 1, (variable.op.name, apply_ops)
-  return _ancestors(apply_ops)
-
-
-def _ancestors(ops):
-  """Every op `ops` depend on (data and control inputs), `ops` included."""
-  seen = set()
-  stack = list(ops)
-  while stack:
-    op = stack.pop()
-    if op.name in seen:
-      continue
-    seen.add(op.name)
-    stack.extend(t.op for t in op.inputs)
-    stack.extend(op.control_inputs)
-  return seen
+  return mt.ancestors(apply_ops)
 
 
 def _tuple_gates(graph):
@@ -155,7 +141,7 @@ def _assert_each_tower_product_is_summed(test, graph, train_op, count):
   `MatMul` gradient, one per tower) exist, each on its tower's device, all
   added by one `AddN` that `train_op` needs; nothing fused or stitched."""
   test.assertEmpty([op.name for op in _fused_ops(graph)])
-  needed = _ancestors([train_op])
+  needed = mt.ancestors([train_op])
   products = [
       op for op in graph.get_operations()
       if op.type == 'MatMul' and 'gradients' in op.name and
@@ -279,7 +265,7 @@ class TowerGradientsTest(tf.test.TestCase, parameterized.TestCase):
     # before the op that applies W's gradient.
     graph = tf.Graph()
     spec = _build(graph, mt.cpus(4), {'transpose': transpose}, tower_build)
-    in_step = _ancestors([getattr(spec.train_op, 'op', spec.train_op)])
+    in_step = mt.ancestors([getattr(spec.train_op, 'op', spec.train_op)])
     checked = 0
     for var in graph.get_collection(tf1.GraphKeys.TRAINABLE_VARIABLES):
       readers = [op for op in _backward_readers(var) if op.name in in_step]
@@ -718,12 +704,12 @@ class LossReadsTest(tf.test.TestCase, parameterized.TestCase):
     kwargs = {} if placement is None else {'variable_placement': placement}
     spec = _build(graph, mt.cpus(4), {}, tower_build,
                   model_fn=_regularized_model_fn, **kwargs)
-    in_loss = _ancestors([spec.loss.op])
+    in_loss = mt.ancestors([spec.loss.op])
     squares = 0
     for update in graph.get_operations():
       if not update.type.endswith('ApplyGradientDescent'):
         continue
-      needed = _ancestors([update])
+      needed = mt.ancestors([update])
       readers = [op for op in _forward_readers(update.inputs[0].op)
                  if op.name in in_loss]
       self.assertFalse([op.name for op in readers if op.name not in needed],
@@ -803,7 +789,7 @@ class UpdatePathsTest(tf.test.TestCase, parameterized.TestCase):
           tower_build=build)(
               {'x': tf.constant(features['x'])}, tf.constant(labels),
               mt.TRAIN, params)
-    in_step = _ancestors([getattr(spec.train_op, 'op', spec.train_op)])
+    in_step = mt.ancestors([getattr(spec.train_op, 'op', spec.train_op)])
     updates = collections.defaultdict(list)
     for op in graph.get_operations():
       if op.type.startswith(('Apply', 'ResourceApply')):
@@ -824,7 +810,7 @@ class UpdatePathsTest(tf.test.TestCase, parameterized.TestCase):
       variable = collections.namedtuple('V', 'op')(kernel)
       readers = [op for op in _backward_readers(variable)
                  if op.name in in_step]
-      needed = _ancestors(updates[kernel.name])
+      needed = mt.ancestors(updates[kernel.name])
       self.assertNotEmpty(updates[kernel.name], msg=kernel.name)
       self.assertFalse([op.name for op in readers if op.name not in needed],
                        msg=kernel.name)
@@ -851,7 +837,7 @@ class UpdatePathsTest(tf.test.TestCase, parameterized.TestCase):
               mt.TRAIN, {'optimizer': 'sync'})
     self.assertNotEmpty([op.name for op in _tuple_gates(graph)
                          if op.name.startswith('tower_1/')])
-    in_step = _ancestors([getattr(spec.train_op, 'op', spec.train_op)])
+    in_step = mt.ancestors([getattr(spec.train_op, 'op', spec.train_op)])
     checked = 0
     for apply_op in [op for op in graph.get_operations()
                      if op.type.endswith('AccumulatorApplyGradient')]:
@@ -859,12 +845,12 @@ class UpdatePathsTest(tf.test.TestCase, parameterized.TestCase):
                  if op.type.endswith('AccumulatorTakeGradient')]
       (update,) = [op for op in graph.get_operations()
                    if op.type == 'ApplyGradientDescent' and
-                   take.name in _ancestors([op])]
+                   take.name in mt.ancestors([op])]
       variable = collections.namedtuple('V', 'op')(
           _variable_of(update.inputs[0]))
       readers = [op for op in _backward_readers(variable)
                  if op.name in in_step]
-      needed = _ancestors([apply_op])
+      needed = mt.ancestors([apply_op])
       self.assertFalse([op.name for op in readers if op.name not in needed],
                        msg=variable.op.name)
       checked += len(readers)
